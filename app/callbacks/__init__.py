@@ -1,0 +1,1 @@
+"""Callbacks that observe training: throughput, AMP health, stop at target accuracy, checkpoints."""

@@ -1,0 +1,1 @@
+"""Launch helpers: the preflight plan, SLURM submission, environment detection."""

@@ -1,0 +1,1 @@
+"""Parallel modes as Lightning strategies, registered by name in Lightning's StrategyRegistry on import."""

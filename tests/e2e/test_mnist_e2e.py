@@ -1,0 +1,25 @@
+"""End to end, as a user runs it: `python cli.py fit` on real MNIST, then `python cli.py test --ckpt_path last`."""
+
+import re
+
+import pytest
+
+from tests.conftest import run_cli
+
+
+@pytest.mark.slow
+def test_fit_then_test_reaches_97_percent(mnist_dir, tmp_path):
+    common = ["--trainer.default_root_dir", str(tmp_path), "--data.data_dir", str(mnist_dir)]
+    fit = run_cli(
+        "fit", *common, "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "300",
+        "--trainer.limit_val_batches", "10", "--trainer.enable_progress_bar", "false",
+    )  # fmt: skip
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    assert (tmp_path / "version_0" / "checkpoints" / "last.ckpt").is_file()
+    assert (tmp_path / "version_0" / "config.yaml").is_file()  # the resolved config is saved with the run
+
+    test = run_cli("test", *common, "--ckpt_path", "last")
+    assert test.returncode == 0, test.stderr[-3000:]
+    match = re.search(r"test/acc1\W+([0-9.]+)", test.stdout)
+    assert match, test.stdout[-2000:]
+    assert float(match.group(1)) >= 0.97

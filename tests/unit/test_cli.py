@@ -1,0 +1,64 @@
+"""CLI parsing: every config file parses and instantiates; links; overrides; the run layout."""
+
+from pathlib import Path
+
+import pytest
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from app.cli import main
+from datamodules import MNISTDataModule
+from modules import ImageClassifier
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+FRAGMENTS = sorted(p for p in CONFIGS.rglob("*.yaml") if p.parent != CONFIGS)
+TOP_LEVEL = sorted(CONFIGS.glob("*.yaml"))
+
+
+def instantiate(*args: str, tmp_path: Path):
+    return main([*args, "--trainer.default_root_dir", str(tmp_path)], run=False)
+
+
+def test_defaults_are_mnist(tmp_path):
+    cli = instantiate(tmp_path=tmp_path)
+    assert isinstance(cli.model, ImageClassifier) and isinstance(cli.datamodule, MNISTDataModule)
+    assert cli.model.hparams.arch == "mnist_cnn"
+    # linked from the datamodule, never typed twice
+    assert (cli.model.hparams.num_classes, cli.model.hparams.in_channels) == (10, 1)
+    # the logger writes into the run folder
+    assert isinstance(cli.trainer.logger, TensorBoardLogger)
+    assert Path(cli.trainer.logger.save_dir) == tmp_path
+
+
+@pytest.mark.parametrize("config", TOP_LEVEL, ids=lambda p: p.name)
+def test_top_level_configs_parse(config, tmp_path):
+    cli = instantiate("--config", str(config), tmp_path=tmp_path)
+    assert cli.model.hparams.num_classes == cli.datamodule.num_classes
+
+
+@pytest.mark.parametrize("fragment", FRAGMENTS, ids=lambda p: str(p.relative_to(CONFIGS)))
+def test_fragments_stack_on_the_default(fragment, tmp_path):
+    cli = instantiate("--config", str(CONFIGS / "mnist.yaml"), "--config", str(fragment), tmp_path=tmp_path)
+    assert cli.trainer is not None
+
+
+def test_command_line_overrides_and_optimizer_injection(tmp_path):
+    cli = instantiate(
+        "--model.arch", "resnet18", "--model.optimizer", "SGD", "--model.optimizer.lr", "0.05",
+        "--model.optimizer.momentum", "0.9", "--data.batch_size", "32", tmp_path=tmp_path,
+    )  # fmt: skip
+    optimizer = cli.model.configure_optimizers()["optimizer"]
+    assert type(optimizer).__name__ == "SGD" and optimizer.defaults["lr"] == 0.05
+    assert optimizer.defaults["momentum"] == 0.9
+    assert cli.model.net.conv1.in_channels == 1 and cli.datamodule.batch_size == 32
+
+
+def test_unknown_arch_fails_with_the_list(tmp_path):
+    with pytest.raises(ValueError, match="Unknown model.arch 'lenet9'.*resnet50"):
+        instantiate("--model.arch", "lenet9", tmp_path=tmp_path)
+
+
+def test_typo_in_a_key_is_an_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        instantiate("--trainer.max_epoch", "3", tmp_path=tmp_path)
+    assert exit_info.value.code != 0
+    assert "max_epoch" in capsys.readouterr().err

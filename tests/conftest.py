@@ -1,4 +1,4 @@
-"""Shared fixtures: real MNIST (fetched once into the repo's data/ cache), a fast-run Trainer setup, RunIf-style skips."""
+"""Shared fixtures: real MNIST (fetched once into the repo's data/ cache), the CLI runner, RunIf-style skips."""
 
 from __future__ import annotations
 

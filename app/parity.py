@@ -1,0 +1,344 @@
+"""Do the parallel modes train the same model? ``python -m app.parity --config CONFIG --steps 5``.
+
+Runs the config's model for a few optimizer steps in every mode available here and prints, per mode, the largest
+parameter difference against a single-device run that sees the same global batches. The distributed modes run
+together in one ``torchrun`` job (N processes: one per GPU, or 2 gloo processes on CPU); the single-device
+reference then replays each global batch as the concatenation of the ranks' shards, in rank order, built from the
+very ``DistributedSampler`` settings (seed, shuffle, per-rank batch) the job reported. Dropout is switched off in all
+runs (its random masks cannot match across a different split of the batch). With BatchNorm each rank normalises by
+its own shard's statistics, so the modes are also compared with ``ddp``, the expected behaviour, not only with the
+single device. The job also checks the collectives (send/recv, broadcast, scatter, ...) and the sampler's shards.
+
+Extra command-line arguments after ``--`` go to the config, e.g. ``-- --model.arch resnet18 --data.batch_size 8``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler
+
+ROOT = Path(__file__).resolve().parent.parent
+DISTRIBUTED_MODES = ("ddp", "allreduce", "allreduce_per_param", "allreduce_overlap", "ddp_mp")
+_QUIET = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False, "enable_model_summary": False}
+
+
+def build(args: list[str], workdir: Path) -> tuple[Any, Any, Any]:
+    """The config's model (dropout off), datamodule and trainer settings, through the app's own CLI."""
+    from app.cli import main
+
+    cli = main([*args, "--trainer.default_root_dir", str(workdir), "--trainer.logger", "false"], run=False)
+    for module in cli.model.modules():
+        if isinstance(module, nn.modules.dropout._DropoutNd):
+            module.p = 0.0
+    return cli.model, cli.datamodule, cli.config.trainer
+
+
+def _trainer(config: Any, steps: int, **kwargs: Any) -> Any:
+    from lightning.pytorch import Trainer
+
+    settings = {
+        "max_steps": steps,
+        "max_epochs": -1,
+        "limit_train_batches": config.limit_train_batches,
+        "limit_val_batches": 0,
+        "num_sanity_val_steps": 0,
+        "accumulate_grad_batches": config.accumulate_grad_batches,
+        "gradient_clip_val": config.gradient_clip_val,
+        **({} if "plugins" in kwargs else {"precision": config.precision}),
+        **_QUIET,
+    }
+    return Trainer(**settings, **kwargs)
+
+
+def _scenario_extras(scenario: dict, device: str) -> dict[str, Any]:
+    """Optional checks of a scenario: ``callbacks`` given as ``module:Class``, and ``fp16_scaler``: 16-mixed with a
+    GradScaler even on CPU (where Lightning would choose bf16), to watch the skip decisions of every rank."""
+    import importlib
+
+    extras: dict[str, Any] = {}
+    if scenario.get("callbacks"):
+        classes = [getattr(importlib.import_module(m), c) for m, c in (p.split(":") for p in scenario["callbacks"])]
+        extras["callbacks"] = [cls() for cls in classes]
+    if scenario.get("fp16_scaler"):
+        from lightning.pytorch.plugins.precision import MixedPrecision
+
+        extras["plugins"] = [MixedPrecision("16-mixed", device, scaler=torch.amp.GradScaler(device))]
+    return extras
+
+
+def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.detach().float().cpu().reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
+
+
+def _digest(tensors: list[torch.Tensor]) -> str:
+    return hashlib.sha256(_flat(tensors).numpy().tobytes()).hexdigest()
+
+
+def _same_on_all_ranks(value: Any) -> bool:
+    values = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return all(v == values[0] for v in values)
+
+
+def check_collectives(device: torch.device) -> dict[str, bool]:
+    """The tutorial's point-to-point and collective primitives with known values (rank r contributes r + 1)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mine = torch.full((4,), float(rank + 1), device=device)
+    total = sum(range(1, world + 1))
+    ok: dict[str, bool] = {}
+    peer = (rank + 1) % world  # a ring: send to the next rank, receive from the previous one
+    got = torch.zeros(4, device=device)
+    if rank % 2 == 0:
+        dist.send(mine, dst=peer)
+        dist.recv(got, src=(rank - 1) % world)
+    else:
+        dist.recv(got, src=(rank - 1) % world)
+        dist.send(mine, dst=peer)
+    ok["send_recv"] = bool((got == (rank - 1) % world + 1).all())
+    got = torch.zeros(4, device=device)
+    requests = [dist.isend(mine, dst=peer), dist.irecv(got, src=(rank - 1) % world)]
+    for request in requests:
+        request.wait()
+    ok["isend_irecv"] = bool((got == (rank - 1) % world + 1).all())
+    value = mine.clone()
+    dist.broadcast(value, src=0)
+    ok["broadcast"] = bool((value == 1).all())
+    part = torch.zeros(1, device=device)
+    chunks = [torch.full((1,), 10.0 * (r + 1), device=device) for r in range(world)] if rank == 0 else None
+    dist.scatter(part, scatter_list=chunks, src=0)
+    ok["scatter"] = part.item() == 10.0 * (rank + 1)
+    gathered = [torch.zeros(4, device=device) for _ in range(world)] if rank == 0 else None
+    dist.gather(mine, gather_list=gathered, dst=0)
+    ok["gather"] = rank != 0 or all(bool((g == r + 1).all()) for r, g in enumerate(gathered))
+    value = mine.clone()
+    dist.reduce(value, dst=0, op=dist.ReduceOp.SUM)
+    ok["reduce"] = rank != 0 or bool((value == total).all())
+    value = mine.clone()
+    dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    ok["all_reduce"] = bool((value == total).all())
+    everyone = [torch.zeros(4, device=device) for _ in range(world)]
+    dist.all_gather(everyone, mine)
+    ok["all_gather"] = all(bool((t == r + 1).all()) for r, t in enumerate(everyone))
+    results = [None] * world
+    dist.all_gather_object(results, ok)
+    return {name: all(r[name] for r in results) for name in ok}
+
+
+def _sampler_facts(loader: DataLoader) -> dict[str, Any]:
+    """What the reference needs to replay the shards, and whether they are disjoint and move with the epoch."""
+    sampler = loader.sampler
+    if not isinstance(sampler, DistributedSampler):
+        return {"distributed_sampler": False}
+    final_epoch = sampler.epoch
+    shards = []
+    for epoch in (0, 1):
+        sampler.set_epoch(epoch)
+        shards.append(list(sampler))
+    sampler.set_epoch(final_epoch)
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, shards)
+    epoch0 = [set(s[0]) for s in everyone]
+    return {
+        "distributed_sampler": True,
+        "seed": sampler.seed,
+        "shuffle": sampler.shuffle,
+        "batch_size": loader.batch_size,
+        "last_epoch_seen": final_epoch,
+        "disjoint": sum(len(s) for s in epoch0) == len(set().union(*epoch0)),
+        "epochs_differ": all(s[0] != s[1] for s in everyone),
+    }
+
+
+def worker(spec_path: str) -> None:
+    """One rank of the torchrun job: every scenario in every distributed mode; rank 0 writes the results."""
+    from lightning.fabric.plugins.environments import TorchElasticEnvironment
+    from lightning.fabric.utilities.distributed import _init_dist_connection
+
+    spec = json.loads(Path(spec_path).read_text())
+    workdir, nproc = Path(spec["workdir"]), int(os.environ["WORLD_SIZE"])
+    cuda = torch.cuda.is_available() and spec["accelerator"] != "cpu"
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    # the process group comes up exactly as DDPStrategy brings it up; the strategies then find it initialised
+    _init_dist_connection(TorchElasticEnvironment(), "nccl" if cuda else "gloo")
+    results: dict[str, Any] = {"collectives": check_collectives(device), "scenarios": {}}
+    for scenario in spec["scenarios"]:
+        overrides = ["--trainer.devices", str(nproc), "--trainer.strategy", "ddp"]
+        model0, datamodule, config = build([*scenario["args"], *overrides], workdir)
+        out: dict[str, Any] = {"modes": {}}
+        initial = _flat(list(model0.parameters()))
+        for mode in scenario["modes"]:
+            model = copy.deepcopy(model0)
+            accelerator = "cuda" if cuda else "cpu"
+            extras = _scenario_extras(scenario, accelerator)
+            trainer = _trainer(config, spec["steps"], accelerator=accelerator, devices=nproc, strategy=mode, **extras)
+            trainer.fit(model, datamodule=datamodule)
+            if "sampler" not in out:
+                out["sampler"] = _sampler_facts(trainer.train_dataloader)
+            params = [p for p in model.parameters()]
+            facts = {
+                "ranks_identical": _same_on_all_ranks(_digest(params)),
+                "steps": trainer.global_step,
+                "moved": (_flat(params) - initial).abs().max().item(),
+            }
+            scaler = getattr(trainer.precision_plugin, "scaler", None)
+            if scaler is not None:
+                facts["loss_scale"] = scaler.get_scale()
+                facts["loss_scale_same_on_ranks"] = _same_on_all_ranks(facts["loss_scale"])
+            if hasattr(trainer.strategy, "sync_buffers"):  # allreduce: a checkpoint makes BatchNorm buffers agree
+                trainer.save_checkpoint(workdir / f"{scenario['name']}.{mode}.ckpt")
+                facts["buffers_identical"] = _same_on_all_ranks(_digest(list(model.buffers())))
+            if dist.get_rank() == 0:
+                torch.save(_flat(params), workdir / f"{scenario['name']}.{mode}.pt")
+            out["modes"][mode] = facts
+        results["scenarios"][scenario["name"]] = out
+    if dist.get_rank() == 0:
+        (workdir / "results.json").write_text(json.dumps(results, indent=1))
+    dist.barrier()
+
+
+class GlobalBatchSampler:
+    """Yields, per step, the concatenation of what each rank's ``DistributedSampler`` gives it, in rank order."""
+
+    def __init__(self, length: int, world: int, batch_size: int, seed: int, shuffle: bool) -> None:
+        self.samplers = [
+            DistributedSampler(range(length), num_replicas=world, rank=r, shuffle=shuffle, seed=seed)
+            for r in range(world)
+        ]
+        self.batch_size = batch_size
+        self.sampler = self  # Lightning calls ``batch_sampler.sampler.set_epoch(epoch)`` each epoch, as for the ranks
+
+    def set_epoch(self, epoch: int) -> None:
+        for sampler in self.samplers:
+            sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.samplers[0]) / self.batch_size)
+
+    def __iter__(self):
+        shards = [list(s) for s in self.samplers]
+        for start in range(0, len(shards[0]), self.batch_size):
+            yield [i for shard in shards for i in shard[start : start + self.batch_size]]
+
+
+def run_single(
+    scenario: dict, facts: dict, world: int, steps: int, workdir: Path, strategy: str = "auto"
+) -> torch.Tensor:
+    """The single-device reference (or ``dp`` over ``world`` GPUs) on the global batches; returns its parameters."""
+    model, datamodule, config = build(
+        [*scenario["args"], "--trainer.devices", "1", "--trainer.strategy", "auto"], workdir
+    )
+    datamodule.setup("fit")
+    loader = datamodule.train_dataloader()
+    batches = GlobalBatchSampler(len(loader.dataset), world, facts["batch_size"], facts["seed"], facts["shuffle"])
+    loader = DataLoader(loader.dataset, batch_sampler=batches, collate_fn=loader.collate_fn)
+    cuda = torch.cuda.is_available() and config.accelerator != "cpu"
+    devices = world if strategy == "dp" else 1
+    trainer = _trainer(config, steps, accelerator="cuda" if cuda else "cpu", devices=devices, strategy=strategy)
+    trainer.fit(model, train_dataloaders=loader)
+    return _flat(list(model.parameters()))
+
+
+def compare(scenarios: list[dict], steps: int, nproc: int, workdir: Path, accelerator: str = "auto") -> dict:
+    """Runs the torchrun job and the references; returns the job's facts with ``max_diff_vs_single``/``_vs_ddp``."""
+    spec = {"scenarios": scenarios, "steps": steps, "workdir": str(workdir), "accelerator": accelerator}
+    (workdir / "spec.json").write_text(json.dumps(spec))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    command += ["-m", "app.parity", "--worker", str(workdir / "spec.json")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    job = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    if job.returncode != 0 or not (workdir / "results.json").exists():
+        raise RuntimeError(f"parity job failed (exit {job.returncode}):\n{job.stdout[-4000:]}\n{job.stderr[-8000:]}")
+    results = json.loads((workdir / "results.json").read_text())
+    for scenario in scenarios:
+        out = results["scenarios"][scenario["name"]]
+        reference = (
+            run_single(scenario, out["sampler"], nproc, steps, workdir) if not scenario.get("fp16_scaler") else None
+        )
+        if torch.cuda.device_count() >= 2 and accelerator != "cpu" and reference is not None:
+            dp = run_single(scenario, out["sampler"], nproc, steps, workdir, "dp")
+            torch.save(dp, workdir / f"{scenario['name']}.dp.pt")
+            out["modes"]["dp"] = {"ranks_identical": True}
+            scenario = {**scenario, "modes": [*scenario["modes"], "dp"]}
+        ddp = workdir / f"{scenario['name']}.ddp.pt"
+        for mode in scenario["modes"]:
+            params = torch.load(workdir / f"{scenario['name']}.{mode}.pt")
+            facts = out["modes"][mode]
+            facts["max_diff_vs_single"] = None if reference is None else (params - reference).abs().max().item()
+            if ddp.exists():
+                facts["max_diff_vs_ddp"] = (params - torch.load(ddp)).abs().max().item()
+    return results
+
+
+def table(results: dict) -> str:
+    lines = ["collectives: " + ", ".join(f"{k} {'ok' if v else 'FAILED'}" for k, v in results["collectives"].items())]
+    for name, out in results["scenarios"].items():
+        sampler = out["sampler"]
+        lines.append(
+            f"\n[{name}] shards disjoint: {sampler.get('disjoint')}, change with the epoch: "
+            f"{sampler.get('epochs_differ')}\n{'mode':<22}{'max |diff| vs single':>22}{'vs ddp':>12}  ranks identical"
+        )
+        for mode, facts in out["modes"].items():
+            vs_single, vs_ddp = (facts.get(k) for k in ("max_diff_vs_single", "max_diff_vs_ddp"))
+            scale = f"  (loss scale {facts['loss_scale']:g})" if "loss_scale" in facts else ""
+            lines.append(
+                f"{mode:<22}{'-' if vs_single is None else f'{vs_single:.3e}':>22}"
+                f"{'-' if vs_ddp is None else f'{vs_ddp:.3e}':>12}  {facts['ranks_identical']}{scale}"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    parser = argparse.ArgumentParser(prog="python -m app.parity", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", action="append", default=[], help="config file(s), as for cli.py")
+    parser.add_argument("--steps", type=int, default=5, help="optimizer steps per mode (default 5)")
+    parser.add_argument("--modes", default=",".join(DISTRIBUTED_MODES), help="comma-separated strategy names")
+    parser.add_argument("--nproc", type=int, default=None, help="processes (default: GPUs, or 2 on CPU)")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    argv = sys.argv[1:] if argv is None else argv
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    if args.worker:
+        worker(args.worker)
+        return None
+    if args.steps < 1:
+        parser.error("--steps must be at least 1")
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    import app  # noqa: F401  (registers the app's strategy names)
+
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = [m for m in modes if m not in StrategyRegistry or m == "dp"]
+    if unknown:
+        parser.error(
+            f"--modes: {', '.join(unknown)} cannot be compared here (dp joins by itself when 2+ GPUs exist). "
+            f"Choose from: {', '.join(sorted(k for k in StrategyRegistry if k.startswith(('ddp', 'allreduce'))))}"
+        )
+    cuda = torch.cuda.device_count()
+    nproc = args.nproc or (cuda if cuda >= 2 else 2)
+    cli_args = [a for config in args.config for a in ("--config", config)] + extra
+    scenario = {"name": "config", "args": cli_args, "modes": modes}
+    with tempfile.TemporaryDirectory(prefix="parity-") as tmp:
+        results = compare([scenario], args.steps, nproc, Path(tmp), "auto" if cuda >= 2 else "cpu")
+    print(f"{args.steps} steps, {nproc} processes ({'cuda' if cuda >= 2 else 'cpu, gloo'}), dropout off")
+    print(table(results))
+    return results
+
+
+if __name__ == "__main__":
+    main()

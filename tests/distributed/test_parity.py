@@ -1,0 +1,64 @@
+"""Every mode trains the same model: 2 gloo processes vs one device that sees each whole global batch in rank order.
+
+After 6 SGD-with-momentum steps (crossing an epoch boundary), fp32, tolerance 1e-5.
+"""
+
+import pytest
+
+from tests.distributed.conftest import AMP_MODES, EXACT_MODES, STEPS
+
+TOL = 1e-5
+pytestmark = pytest.mark.distributed
+
+
+@pytest.mark.parametrize("scenario", ["plain", "accumulate"])
+@pytest.mark.parametrize("mode", EXACT_MODES)
+def test_mode_matches_single_device(parity, scenario, mode):
+    facts = parity["scenarios"][scenario]["modes"][mode]
+    assert facts["steps"] == STEPS
+    assert facts["max_diff_vs_single"] < TOL, f"{mode} ({scenario}) drifted from single device: {facts}"
+    assert facts["ranks_identical"], f"{mode} ({scenario}): the ranks hold different parameters"
+
+
+def test_the_comparison_is_not_vacuous(parity):
+    """Training moved the weights far beyond the tolerance, and BatchNorm's per-rank statistics are visible."""
+    for scenario in ("plain", "accumulate", "batchnorm"):
+        assert parity["scenarios"][scenario]["modes"]["ddp"]["moved"] > 100 * TOL
+    assert parity["scenarios"]["batchnorm"]["modes"]["ddp"]["max_diff_vs_single"] > 10 * TOL
+
+
+@pytest.mark.parametrize("mode", [m for m in EXACT_MODES if m != "ddp"])
+def test_batchnorm_modes_match_ddp(parity, mode):
+    facts = parity["scenarios"]["batchnorm"]["modes"][mode]
+    assert facts["max_diff_vs_ddp"] < TOL, f"{mode} with BatchNorm drifted from ddp: {facts}"
+    assert facts["ranks_identical"]
+
+
+def test_allreduce_makes_batchnorm_buffers_equal_across_ranks(parity):
+    for mode in ("allreduce", "allreduce_per_param", "allreduce_overlap"):
+        assert parity["scenarios"]["batchnorm"]["modes"][mode]["buffers_identical"], mode
+
+
+def test_fp16_wire_compression_stays_close(parity):
+    facts = parity["scenarios"]["plain"]["modes"]["allreduce_fp16"]
+    assert facts["ranks_identical"]
+    assert facts["max_diff_vs_single"] < 1e-3  # half-precision gradients: close, not exact
+    assert facts["max_diff_vs_single"] > 0  # and the compression really happened
+
+
+@pytest.mark.parametrize("scenario", ["plain", "batchnorm"])
+def test_shards_are_disjoint_and_change_with_the_epoch(parity, scenario):
+    sampler = parity["scenarios"][scenario]["sampler"]
+    assert sampler["distributed_sampler"], "Lightning did not inject its DistributedSampler"
+    assert sampler["disjoint"] and sampler["epochs_differ"]
+    assert sampler["last_epoch_seen"] == 1, "Lightning did not call set_epoch when the second epoch began"
+
+
+@pytest.mark.parametrize("mode", AMP_MODES)
+def test_fp16_overflow_on_one_rank_is_skipped_by_every_rank(parity, mode):
+    """Gradients are averaged before the GradScaler unscales them, so rank 1's inf reaches rank 0 and both skip."""
+    facts = parity["scenarios"]["amp"]["modes"][mode]
+    ddp = parity["scenarios"]["amp"]["modes"]["ddp"]
+    assert facts["loss_scale_same_on_ranks"] and facts["ranks_identical"], facts
+    assert facts["loss_scale"] == ddp["loss_scale"] < 2.0**16  # the step was skipped and the scale backed off
+    assert facts["max_diff_vs_ddp"] < TOL

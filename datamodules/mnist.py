@@ -16,8 +16,9 @@ import urllib.request
 from pathlib import Path
 
 import torch
-from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, TensorDataset, random_split
+
+from datamodules.base import ImageDataModule
 
 log = logging.getLogger(__name__)
 
@@ -131,12 +132,14 @@ def load_split(data_dir: str | Path, train: bool) -> tuple[torch.Tensor, torch.T
     return ((images.float() / 255.0 - MEAN) / STD).unsqueeze(1), labels.long()
 
 
-class MNISTDataModule(LightningDataModule):
+class MNISTDataModule(ImageDataModule):
     """MNIST with a seeded train/val split of the 60k training images and the official 10k test set.
 
     Args:
         data_dir: folder holding (or receiving) the IDX files.
         batch_size: samples per device and step (under ``dp``: per process, split across the GPUs).
+        global_batch_size: if given, samples per optimizer step over all processes; the per-device batch is derived
+            from it in ``setup()`` (see :mod:`datamodules.base`) and ``batch_size`` is ignored.
         val_size: how many of the 60k training images are held out for validation.
         num_workers: DataLoader workers per process. The whole set sits in memory, so 0 is usually fastest.
         seed: seed of the train/val split (independent of the training seed).
@@ -154,10 +157,9 @@ class MNISTDataModule(LightningDataModule):
         num_workers: int = 0,
         seed: int = 42,
         download: bool = True,
+        global_batch_size: int | None = None,
     ) -> None:
-        super().__init__()
-        if batch_size <= 0:
-            raise ValueError(f"data.batch_size must be a positive number of images per device, got {batch_size}")
+        super().__init__(batch_size=batch_size, global_batch_size=global_batch_size, num_workers=num_workers)
         if not 0 < val_size < 60000:
             raise ValueError(f"data.val_size must be between 1 and 59999 images, got {val_size}")
         self.save_hyperparameters()
@@ -170,6 +172,7 @@ class MNISTDataModule(LightningDataModule):
             ensure_mnist(self.data_dir)
 
     def setup(self, stage: str | None = None) -> None:
+        super().setup(stage)  # per-device batch from global_batch_size, workers check
         if stage in ("fit", "validate", None) and not hasattr(self, "train_set"):
             full = TensorDataset(*load_split(self.data_dir, train=True))
             n_val = self.hparams.val_size
@@ -179,14 +182,8 @@ class MNISTDataModule(LightningDataModule):
             self.test_set = TensorDataset(*load_split(self.data_dir, train=False))
 
     def _loader(self, dataset, shuffle: bool) -> DataLoader:
-        return DataLoader(
-            dataset,
-            batch_size=self.batch_size,
-            shuffle=shuffle,
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
-            pin_memory=torch.cuda.is_available(),
-        )
+        # the base adds the unpadded evaluation sampler under distributed strategies (exact validation)
+        return super()._loader(dataset, train=shuffle)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_set, shuffle=True)

@@ -1,0 +1,258 @@
+"""ImageNet (ILSVRC-2012) in the standard ImageFolder layout, or synthetic images of the same shape and count.
+
+Layout of ``data_dir``::
+
+    train/<wnid>/<image>   1,281,167 images in 1000 class folders (as the official train tars unpack)
+    val/<wnid>/<image>     50,000 images; make it from the official flat folder with
+                           ``python -m datamodules.imagenet_val`` (symlinks, no copies)
+
+Transforms are the classic ones: training RandomResizedCrop(image_size) + horizontal flip, evaluation
+resize to image_size / 0.875 (256 for 224) + center crop; ImageNet mean and std. With ``normalize_on_device`` the
+workers hand over uint8 tensors (4x less to collate, pin and copy) and the conversion to float and normalisation run
+on the accelerator after the transfer (the prefetcher trick of the Apex ImageNet example and timm).
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset, default_collate
+from torchvision.datasets import ImageFolder
+from torchvision.transforms import v2
+
+from datamodules.base import ImageDataModule
+
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+TRAIN_SIZE, VAL_SIZE, NUM_CLASSES = 1_281_167, 50_000, 1000
+
+
+class ImageNetDataError(RuntimeError):
+    """The data folder is missing or not in the expected layout; the message says what to do."""
+
+
+class UnreadableImageError(RuntimeError):
+    """An image file could not be decoded; the message names it and the option that skips such files."""
+
+
+class _Skipped:
+    """What a dataset returns instead of a sample for an unreadable image when skipping is on."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+
+class ImageFolderChecked(ImageFolder):
+    """An ``ImageFolder`` whose unreadable images stop the run naming the file, or are skipped when asked."""
+
+    def __init__(self, root: str | Path, transform: Any, skip_unreadable: bool = False) -> None:
+        super().__init__(str(root), transform=transform)
+        self.skip_unreadable = skip_unreadable
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int] | _Skipped:
+        path, target = self.samples[index]
+        try:
+            with open(path, "rb") as f:
+                image = Image.open(f).convert("RGB")
+        except (OSError, ValueError, SyntaxError) as err:  # PIL's UnidentifiedImageError and truncation are OSErrors
+            if self.skip_unreadable:
+                return _Skipped(path)
+            raise UnreadableImageError(
+                f"cannot read image {path}: {type(err).__name__}: {err}. Replace or delete the file, or pass "
+                "--data.skip_unreadable true to skip unreadable images (they are counted and reported)."
+            ) from err
+        return self.transform(image), target
+
+
+def collate_skipping(batch: list) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """Collates the readable samples and appends the paths of the skipped ones (stripped after the transfer)."""
+    kept = [b for b in batch if not isinstance(b, _Skipped)]
+    skipped = [b.path for b in batch if isinstance(b, _Skipped)]
+    if not kept:
+        raise UnreadableImageError(
+            f"all {len(batch)} images of a batch are unreadable (e.g. {skipped[0]}): the data set looks broken."
+        )
+    images, labels = default_collate(kept)
+    return images, labels, skipped
+
+
+class SyntheticImages(Dataset):
+    """``length`` random images of the final shape with random labels, for benchmarks without data.
+
+    Samples come from a small bank of uint8 images generated once and are normalised on the device after the
+    transfer, so producing, collating and copying a sample costs next to nothing: the input pipeline is taken out
+    of the measurement.
+    """
+
+    def __init__(self, length: int, num_classes: int, image_size: int, seed: int = 0) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        self.images = torch.randint(0, 256, (64, 3, image_size, image_size), dtype=torch.uint8, generator=generator)
+        self.labels = torch.randint(0, num_classes, (length,), generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.images[index % len(self.images)], self.labels[index]
+
+
+def normalize(images: torch.Tensor) -> torch.Tensor:
+    """uint8 images [N, 3, H, W] (or [3, H, W]) with values 0..255 -> float32 normalised by the ImageNet mean/std."""
+    shape = (3, 1, 1)
+    mean = torch.tensor(MEAN, device=images.device).view(shape) * 255
+    std = torch.tensor(STD, device=images.device).view(shape) * 255
+    return (images.float() - mean) / std
+
+
+def classic_transforms(image_size: int, train: bool, uint8: bool, crop_ratio: float = 0.875) -> v2.Compose:
+    """The ResNet paper / pytorch/examples transforms; output float normalised, or uint8 for on-device normalising."""
+    if train:
+        geometry = [v2.RandomResizedCrop(image_size, antialias=True), v2.RandomHorizontalFlip()]
+    else:
+        geometry = [v2.Resize(round(image_size / crop_ratio), antialias=True), v2.CenterCrop(image_size)]
+    if uint8:
+        return v2.Compose([*geometry, v2.PILToTensor()])
+    return v2.Compose([*geometry, v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)])
+
+
+class ImageNetDataModule(ImageDataModule):
+    """ImageNet from ``data_dir/{train,val}`` (ImageFolder layout), or synthetic data of the same shape and count.
+
+    Args:
+        data_dir: folder with ``train/`` and ``val/`` class folders.
+        batch_size: images per device and step (under ``dp``: per process, split across its GPUs).
+        global_batch_size: if given, images per optimizer step over all processes; the per-device batch is derived
+            from it and the world size (``batch_size`` is then ignored).
+        num_workers: DataLoader workers per process. The whole node's workers (x processes per node) should not
+            exceed its CPUs; a warning says when they do.
+        image_size: training crop and evaluation center crop (224 classic); evaluation resizes to image_size / 0.875.
+        normalize_on_device: workers produce uint8 tensors; float conversion and normalisation happen on the device.
+        skip_unreadable: skip images that cannot be decoded (each rank reports how many) instead of stopping.
+        synthetic: random images and labels instead of files, for benchmarks and for isolating the input pipeline
+            (uint8, always normalised on the device).
+        synthetic_train_size: number of synthetic training images (ImageNet's by default).
+        synthetic_val_size: number of synthetic validation images (ImageNet's by default).
+        num_classes: classes; by default the number of class folders in ``train/`` (1000 when synthetic).
+    """
+
+    in_channels = 3
+
+    def __init__(
+        self,
+        data_dir: str = "data/imagenet",
+        batch_size: int = 32,
+        global_batch_size: int | None = None,
+        num_workers: int = 8,
+        image_size: int = 224,
+        normalize_on_device: bool = False,
+        skip_unreadable: bool = False,
+        synthetic: bool = False,
+        synthetic_train_size: int = TRAIN_SIZE,
+        synthetic_val_size: int = VAL_SIZE,
+        num_classes: int | None = None,
+    ) -> None:
+        super().__init__(batch_size=batch_size, global_batch_size=global_batch_size, num_workers=num_workers)
+        if image_size < 8:
+            raise ValueError(f"data.image_size must be at least 8 pixels, got {image_size}")
+        # num_classes is the model's hyperparameter (linked by the CLI); saving it here too would clash when the
+        # Trainer merges both hparams (None here, the folder's count there)
+        self.save_hyperparameters(ignore=["num_classes"])
+        self.data_dir = Path(data_dir)
+        self.skipped: list[str] = []
+        folders = self._class_folders() if not synthetic else []
+        self.num_classes = num_classes or len(folders) or NUM_CLASSES
+
+    def _class_folders(self) -> list[str]:
+        train = self.data_dir / "train"
+        return sorted(p.name for p in train.iterdir() if p.is_dir()) if train.is_dir() else []
+
+    def _folder(self, split: str, train: bool) -> ImageFolderChecked:
+        root = self.data_dir / split
+        if not root.is_dir():
+            raise ImageNetDataError(
+                f"{root.resolve()} does not exist. data.data_dir must hold train/<class>/<image> and "
+                "val/<class>/<image> (ImageFolder layout). To arrange the official flat validation folder run "
+                "`python -m datamodules.imagenet_val --help`; to run without data use --data.synthetic true."
+            )
+        transform = classic_transforms(self.hparams.image_size, train, uint8=self.hparams.normalize_on_device)
+        try:
+            dataset = ImageFolderChecked(root, transform, skip_unreadable=self.hparams.skip_unreadable)
+        except FileNotFoundError as err:  # ImageFolder: no class folder or no image in one
+            raise ImageNetDataError(f"{root.resolve()}: {err}. Each class needs a folder with its images.") from err
+        if len(dataset.classes) != self.num_classes:
+            raise ImageNetDataError(
+                f"{root.resolve()} has {len(dataset.classes)} class folders but the model is built for "
+                f"{self.num_classes} classes (data.num_classes or the class folders of train/). Make train/ and "
+                "val/ hold the same class folders."
+            )
+        return dataset
+
+    def setup(self, stage: str | None = None) -> None:
+        super().setup(stage)
+        size = self.hparams.image_size
+        if self.hparams.synthetic:
+            if getattr(self, "val_set", None) is None:
+                self.train_set = SyntheticImages(self.hparams.synthetic_train_size, self.num_classes, size, seed=0)
+                self.val_set = SyntheticImages(self.hparams.synthetic_val_size, self.num_classes, size, seed=1)
+        else:
+            if getattr(self, "val_set", None) is None:
+                self.val_set = self._folder("val", train=False)
+            if stage in ("fit", None) and getattr(self, "train_set", None) is None:
+                self.train_set = self._folder("train", train=True)
+                if self.train_set.classes != self.val_set.classes:
+                    only = sorted(set(self.train_set.classes) ^ set(self.val_set.classes))
+                    raise ImageNetDataError(
+                        f"train/ and val/ in {self.data_dir.resolve()} have different class folders (in one only: "
+                        f"{', '.join(only[:5])}{' ...' if len(only) > 5 else ''}); the labels would not match."
+                    )
+        train = getattr(self, "train_set", None)
+        rank_zero_info(
+            f"ImageNet data ({'synthetic' if self.hparams.synthetic else self.data_dir}): "
+            f"{len(train) if train is not None else '-'} training and {len(self.val_set)} validation images, "
+            f"{self.num_classes} classes, {size}px, {self.batch_size} per device"
+        )
+
+    def _collate(self) -> dict[str, Any]:
+        return {"collate_fn": collate_skipping} if self.hparams.skip_unreadable and not self.hparams.synthetic else {}
+
+    def train_dataloader(self) -> DataLoader:
+        if getattr(self, "train_set", None) is None:
+            raise ImageNetDataError("setup('fit') was not run: no training set")
+        return self._loader(self.train_set, train=True, drop_last=True, **self._collate())
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, train=False, **self._collate())
+
+    def test_dataloader(self) -> DataLoader:  # ImageNet's test labels are not public: test on val
+        return self.val_dataloader()
+
+    def predict_dataloader(self) -> DataLoader:
+        return self.val_dataloader()
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        images, labels, *rest = batch
+        if rest:
+            self._note_skipped(rest[0])
+        if images.dtype == torch.uint8:
+            images = normalize(images)
+        return images, labels
+
+    def _note_skipped(self, paths: list[str]) -> None:
+        if paths and not self.skipped:
+            warnings.warn(f"skipping unreadable image {paths[0]} (--data.skip_unreadable true)", stacklevel=2)
+        self.skipped.extend(paths)
+
+    def teardown(self, stage: str) -> None:
+        if self.skipped:
+            rank = self.trainer.global_rank if self.trainer is not None else 0
+            stage = getattr(stage, "value", stage)  # the Trainer passes its TrainerFn enum
+            warnings.warn(
+                f"rank {rank}: skipped {len(self.skipped)} unreadable image(s) during {stage}, e.g. {self.skipped[0]}",
+                stacklevel=2,
+            )
+            self.skipped = []

@@ -1,1 +1,11 @@
-"""Callbacks that observe training: throughput, AMP health, stop at target accuracy, checkpoints."""
+"""Callbacks that observe training: throughput, AMP health, stop-at-accuracy and the final summary.
+
+Checkpoint I/O and the RNG state needed for exact resumption live in :mod:`app.checkpoint`.
+"""
+
+from app.callbacks.amp import AMPHealth, NonFiniteLossError
+from app.callbacks.stop_at_accuracy import StopAtAccuracy
+from app.callbacks.summary import TrainingSummary
+from app.callbacks.throughput import Throughput
+
+__all__ = ["AMPHealth", "NonFiniteLossError", "StopAtAccuracy", "Throughput", "TrainingSummary"]

@@ -1,0 +1,147 @@
+"""AMP health: loss-scale telemetry, Apex-style overflow messages, scheduler hygiene, and a guard against NaNs.
+
+Works with every precision: the loss-scale parts are active only when the precision plugin owns an enabled
+``GradScaler`` (``16-mixed``); the non-finite-loss guard is active for every precision.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_info
+
+
+class NonFiniteLossError(RuntimeError):
+    """Raised on every rank when the loss stayed NaN/inf for too many consecutive steps."""
+
+
+def grad_scaler(trainer: Trainer) -> torch.amp.GradScaler | None:
+    """The enabled GradScaler of the run's precision plugin, or None (fp32, bf16, true half precision)."""
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    return scaler if scaler is not None and scaler.is_enabled() else None
+
+
+class AMPHealth(Callback):
+    """Watches mixed-precision training and stops training on NaNs instead of silently continuing.
+
+    - Logs ``amp/loss_scale`` and ``amp/skipped_steps`` every step when a GradScaler is in use.
+    - On an overflow prints, on rank 0 and at most once per ``message_interval_steps`` optimizer steps,
+      ``Gradient overflow at step N. Skipping step, loss scaler reducing loss scale to X`` (as Apex did).
+    - A step the GradScaler skipped does not advance per-step LR schedulers (Lightning#5558).
+    - ``max_nonfinite_steps`` consecutive non-finite losses (on any rank) stop the run on every rank with a
+      :class:`NonFiniteLossError` naming the step, the loss and the parameters whose gradients were not finite.
+
+    Args:
+        max_nonfinite_steps: consecutive non-finite losses tolerated before stopping; ``None`` disables the guard
+            (it costs one tiny all-reduce per step under distributed strategies, so that all ranks stop together).
+        message_interval_steps: minimum number of optimizer steps between two overflow messages.
+    """
+
+    def __init__(self, max_nonfinite_steps: int | None = 3, message_interval_steps: int = 100) -> None:
+        if max_nonfinite_steps is not None and max_nonfinite_steps < 1:
+            raise ValueError(f"AMPHealth.max_nonfinite_steps must be >= 1 or null (off), got {max_nonfinite_steps}")
+        self.max_nonfinite_steps = max_nonfinite_steps
+        self.message_interval_steps = message_interval_steps
+        self.skipped_steps = 0
+        self.overflow_messages: list[str] = []  # what was printed, kept for the summary and for tests
+        self._scale_before: float | None = None
+        self._snapshots: list[tuple[Any, dict, list[dict]]] = []
+        self._last_message_step: int | None = None
+        self._unreported = 0
+        self._nonfinite_run: list[int] = []
+
+    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer) -> None:
+        scaler = grad_scaler(trainer)
+        if scaler is None:
+            return
+        self._scale_before = scaler.get_scale()
+        # Lightning steps per-step schedulers right after optimizer_step with no hook in between (Lightning#5558),
+        # so we remember their state here and roll them back in on_train_batch_end if the scaler skipped the step.
+        self._snapshots = [
+            (
+                config.scheduler,
+                copy.deepcopy(config.scheduler.state_dict()),
+                [copy.deepcopy({k: v for k, v in group.items() if k != "params"}) for group in optimizer.param_groups],
+            )
+            for config in trainer.lr_scheduler_configs
+            if config.interval == "step" and getattr(config.scheduler, "optimizer", None) is optimizer
+        ]
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        scaler = grad_scaler(trainer)
+        if scaler is not None and self._scale_before is not None:
+            scale = scaler.get_scale()
+            # GradScaler.update() lowers the scale exactly when it found inf/NaN gradients and skipped the step.
+            if scale < self._scale_before:
+                self.skipped_steps += 1
+                self._undo_scheduler_steps()
+                self._report_overflow(trainer.global_step, scale)
+            self._scale_before = None
+            self._snapshots = []
+            pl_module.log("amp/loss_scale", scale, on_step=True, on_epoch=False)
+            pl_module.log("amp/skipped_steps", float(self.skipped_steps), on_step=True, on_epoch=False)
+        if self.max_nonfinite_steps is not None:
+            self._check_loss(trainer, pl_module, outputs)
+
+    def _undo_scheduler_steps(self) -> None:
+        for scheduler, state, groups in self._snapshots:
+            scheduler.load_state_dict(state)
+            # the lr comes from the restored schedule, not from the snapshot: inside optimizer_step the lr may be
+            # temporarily scaled (the classifier's warmup), and that must not stick
+            last_lrs = scheduler.get_last_lr() if hasattr(scheduler, "get_last_lr") else [g["lr"] for g in groups]
+            for group, saved, lr in zip(scheduler.optimizer.param_groups, groups, last_lrs, strict=True):
+                group.update({k: v for k, v in saved.items() if k != "lr"})  # e.g. OneCycleLR's momentum
+                group["lr"] = lr
+
+    def _report_overflow(self, step: int, scale: float) -> None:
+        self._unreported += 1
+        if self._last_message_step is not None and step - self._last_message_step < self.message_interval_steps:
+            return
+        more = self._unreported - 1
+        message = f"Gradient overflow at step {step}. Skipping step, loss scaler reducing loss scale to {scale:g}"
+        if more:
+            message += f" ({more} more overflow(s) since the last message)"
+        self.overflow_messages.append(message)
+        rank_zero_info(message)
+        self._last_message_step, self._unreported = step, 0
+
+    def _check_loss(self, trainer: Trainer, pl_module: LightningModule, outputs) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        local_bad = loss is not None and not bool(torch.isfinite(loss.detach()).all())
+        # One rank alone must never stop: the others would wait for it in the next collective forever.
+        bad = trainer.strategy.reduce_boolean_decision(local_bad, all=False)
+        if not bad:
+            self._nonfinite_run = []
+            return
+        self._nonfinite_run.append(trainer.global_step)
+        if len(self._nonfinite_run) < self.max_nonfinite_steps:
+            return
+        raise NonFiniteLossError(self._diagnosis(trainer, pl_module, loss))
+
+    def _diagnosis(self, trainer: Trainer, pl_module: LightningModule, loss) -> str:
+        names = [
+            name
+            for name, p in pl_module.named_parameters()
+            if p.grad is not None and not bool(torch.isfinite(p.grad).all())
+        ]
+        shown = ", ".join(names[:8]) + (f" (+{len(names) - 8} more)" if len(names) > 8 else "") if names else "none"
+        first, last = self._nonfinite_run[0], self._nonfinite_run[-1]
+        return (
+            f"the training loss was not finite for {len(self._nonfinite_run)} consecutive steps "
+            f"(steps {first}..{last}, precision {trainer.precision}); loss on rank {trainer.global_rank} at step "
+            f"{last}: {None if loss is None else loss.item()}. Parameters with non-finite gradients: {shown}. "
+            "Training was stopped before saving NaN weights; the last checkpoint is untouched "
+            "(resume with --ckpt_path last). Fix: lower the learning rate, clip gradients "
+            "(--trainer.gradient_clip_val 1.0), prefer precision bf16-mixed over 16-mixed, and check the inputs for "
+            "NaNs. To tolerate more steps raise max_nonfinite_steps of the AMPHealth callback in trainer.callbacks."
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"skipped_steps": self.skipped_steps}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.skipped_steps = int(state_dict.get("skipped_steps", 0))

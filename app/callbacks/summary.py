@@ -1,0 +1,84 @@
+"""A small table at the end of ``fit`` on rank 0, also written to ``<log_dir>/summary.json``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+
+from app.callbacks.amp import AMPHealth
+from app.callbacks.stop_at_accuracy import StopAtAccuracy
+from app.callbacks.throughput import Throughput, data_parallel_devices
+
+
+def _find(trainer: Trainer, kind: type) -> Any:
+    return next((cb for cb in trainer.callbacks if isinstance(cb, kind)), None)
+
+
+class TrainingSummary(Callback):
+    """At the end of ``fit``, rank 0 prints best and last validation accuracy, time to target (with
+    :class:`StopAtAccuracy`), mean throughput (with :class:`Throughput`), skipped AMP steps (with :class:`AMPHealth`),
+    world size, strategy and precision, and writes the same figures to ``summary.json`` in the run folder.
+
+    Args:
+        monitor: the accuracy metric to report.
+    """
+
+    def __init__(self, monitor: str = "val/acc1") -> None:
+        self.monitor = monitor
+        self.best: float | None = None
+        self.last: float | None = None
+        self.summary: dict[str, Any] = {}
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.sanity_checking or self.monitor not in trainer.callback_metrics:
+            return
+        self.last = float(trainer.callback_metrics[self.monitor])
+        self.best = self.last if self.best is None else max(self.best, self.last)
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        stop, throughput, amp = _find(trainer, StopAtAccuracy), _find(trainer, Throughput), _find(trainer, AMPHealth)
+        self.summary = {
+            f"best {self.monitor}": self.best,
+            f"last {self.monitor}": self.last,
+            "epochs": trainer.current_epoch,
+            "steps": trainer.global_step,
+            "target": stop.target if stop else None,
+            "time to target": stop.result if stop else None,
+            "mean images/s (global)": throughput.mean_images_per_sec if throughput else None,
+            "devices": data_parallel_devices(trainer),
+            "world size": trainer.world_size,
+            "strategy": type(trainer.strategy).__name__,
+            "precision": trainer.precision,
+            "AMP skipped steps": amp.skipped_steps if amp else None,
+        }
+        # Trainer.log_dir broadcasts from rank 0: every rank must ask for it, not only the one that writes
+        self._report(Path(trainer.log_dir or trainer.default_root_dir))
+
+    @rank_zero_only
+    def _report(self, folder: Path) -> None:
+        rows = [(key, _fmt(value)) for key, value in self.summary.items()]
+        width = max(len(k) for k, _ in rows)
+        rule = "-" * (width + 3 + max(len(v) for _, v in rows))
+        rank_zero_info("\n".join(["Training summary", rule, *(f"{k:<{width}}   {v}" for k, v in rows), rule]))
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best, "last": self.last}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.best, self.last = state_dict.get("best"), state_dict.get("last")
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, dict):  # time to target
+        return f"{value['wall_s']:.1f} s, {value['epochs']:.2f} epochs, {int(value['samples'])} samples"
+    if isinstance(value, float):
+        return f"{value:.4f}" if value < 10 else f"{value:,.0f}"
+    return str(value)

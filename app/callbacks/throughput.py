@@ -1,0 +1,79 @@
+"""Throughput: images per second (global and per device) and the share of step time spent waiting for data.
+
+Lightning's ``ThroughputMonitor`` counts samples and FLOPs but does not separate the time spent waiting for the next
+batch from compute, which is the figure that shows a starving input pipeline (the original tutorial's BatchTime vs
+DataTime); so this small callback measures both with host timers, over a sliding window, without device syncs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities.data import extract_batch_size
+
+
+def data_parallel_devices(trainer: Trainer) -> int:
+    """Devices the global batch is spread over: the world size, or the GPUs of one ``dp`` process."""
+    return trainer.world_size if trainer.world_size > 1 else max(1, trainer.num_devices)
+
+
+class Throughput(Callback):
+    """Logs ``perf/images_per_sec`` (all ranks together), ``perf/images_per_sec_per_device`` and
+    ``perf/data_time_frac`` (time between two training steps spent fetching the batch / total step time).
+
+    Validation and checkpointing between two steps are not counted. Figures are rank 0's view: the global rate is
+    rank 0's rate times the world size (each rank gets an equal share of every global batch).
+
+    Args:
+        window: number of recent steps the logged figures are averaged over.
+    """
+
+    def __init__(self, window: int = 50) -> None:
+        if window < 1:
+            raise ValueError(f"Throughput.window must be >= 1 step, got {window}")
+        self.window = window
+        self._steps: deque[tuple[int, float, float]] = deque(maxlen=window)
+        self._last_end: float | None = None
+        self._start = 0.0
+        self._data_time = 0.0
+        self.total_images = 0  # global, over the whole fit
+        self.total_time = 0.0
+
+    @property
+    def mean_images_per_sec(self) -> float | None:
+        """Global images per second averaged over the whole fit (None before the first step)."""
+        return self.total_images / self.total_time if self.total_time > 0 else None
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._last_end = None  # the gap before an epoch's first batch holds epoch bookkeeping, not data waiting
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._last_end = None
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        self._start = time.perf_counter()
+        self._data_time = self._start - self._last_end if self._last_end is not None else 0.0
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        end = time.perf_counter()
+        images = extract_batch_size(batch) * trainer.world_size
+        step_time = self._data_time + (end - self._start)
+        self._steps.append((images, self._data_time, step_time))
+        self.total_images += images
+        self.total_time += step_time
+        self._last_end = end
+        n_images = sum(s[0] for s in self._steps)
+        data_time = sum(s[1] for s in self._steps)
+        total = sum(s[2] for s in self._steps)
+        if total <= 0:
+            return
+        rate = n_images / total
+        metrics = {
+            "perf/images_per_sec": rate,
+            "perf/images_per_sec_per_device": rate / data_parallel_devices(trainer),
+            "perf/data_time_frac": data_time / total,
+        }
+        pl_module.log_dict(metrics, on_step=True, on_epoch=False)

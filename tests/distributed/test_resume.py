@@ -1,0 +1,120 @@
+"""``--ckpt_path last`` resumes exactly: a run that crashes after its first epoch and is resumed ends with the same
+parameters, bit for bit, as an uninterrupted run of the same length (model, optimizer, LR scheduler, epoch, step,
+random generators). Single device in this process; ``ddp`` and ``allreduce`` in one 2-process gloo job (torchrun)
+that runs the three legs of both modes in one process group, to keep process launches few.
+
+Run as a module (``torchrun ... -m tests.distributed.test_resume OUT DATA``) it is that job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch import Callback
+
+ROOT = Path(__file__).resolve().parents[2]
+CRASH = "tests.distributed.test_resume.CrashAfterFirstEpoch"
+
+
+class SimulatedCrash(RuntimeError):
+    pass
+
+
+class CrashAfterFirstEpoch(Callback):
+    """Dies when the second epoch starts, i.e. after the first epoch's checkpoint was written (on every rank)."""
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        if trainer.current_epoch == 1:
+            raise SimulatedCrash("simulated crash after the first epoch")
+
+
+def common_args(root: Path, data_dir: str) -> list[str]:
+    return [
+        "--trainer.default_root_dir", str(root), "--data.data_dir", str(data_dir), "--data.batch_size", "8",
+        "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "4", "--trainer.limit_val_batches", "2",
+        "--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false",
+        "--trainer.enable_model_summary", "false",
+    ]  # fmt: skip
+
+
+def three_legs(workdir: Path, data_dir: str, extra: list[str]) -> dict:
+    """Uninterrupted run; crashed run; resumed run. Returns the max parameter difference and what was resumed."""
+    from app.cli import main
+
+    full = main(["fit", *common_args(workdir / "full", data_dir), *extra])
+    with pytest.raises(SimulatedCrash):
+        main(["fit", *common_args(workdir / "crashed", data_dir), *extra, f"--trainer.callbacks+={CRASH}"])
+    checkpoint = workdir / "crashed" / "version_0" / "checkpoints" / "last.ckpt"
+    saved = torch.load(checkpoint, weights_only=True)
+    resumed = main(["fit", *common_args(workdir / "crashed", data_dir), *extra, "--ckpt_path", "last"])
+    a, b = full.model.state_dict(), resumed.model.state_dict()
+    return {
+        "max_diff": max((a[k].float() - b[k].float()).abs().max().item() for k in a),
+        "moved_in_second_epoch": max(
+            (resumed.model.state_dict()[k].float() - saved["state_dict"][k].float()).abs().max().item() for k in a
+        ),
+        "checkpoint_epoch": saved["epoch"],
+        "checkpoint_step": saved["global_step"],
+        "steps": [full.trainer.global_step, resumed.trainer.global_step],
+        "epochs": [full.trainer.current_epoch, resumed.trainer.current_epoch],
+        "lr": [full.trainer.optimizers[0].param_groups[0]["lr"], resumed.trainer.optimizers[0].param_groups[0]["lr"]],
+    }
+
+
+def check(facts: dict) -> None:
+    assert facts["checkpoint_epoch"] == 0 and facts["checkpoint_step"] == 4, facts  # the crash came after epoch 0
+    assert facts["steps"] == [8, 8] and facts["epochs"] == [2, 2], facts
+    assert facts["lr"][0] == facts["lr"][1], facts  # StepLR (per epoch) restored, not stepped twice
+    assert facts["moved_in_second_epoch"] > 1e-3, facts  # the resumed run did train
+    assert facts["max_diff"] == 0.0, f"resumed run differs from the uninterrupted one: {facts}"
+
+
+@pytest.mark.slow
+def test_single_device_resume_is_exact(mnist_dir, tmp_path):
+    check(three_legs(tmp_path, str(mnist_dir), []))
+
+
+@pytest.fixture(scope="module")
+def distributed_resume(mnist_dir, tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("resume")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    command += ["-m", "tests.distributed.test_resume", str(out), str(mnist_dir)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    job = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    if job.returncode != 0 or not (out / "results.json").exists():
+        raise RuntimeError(f"resume job failed (exit {job.returncode}):\n{job.stdout[-4000:]}\n{job.stderr[-8000:]}")
+    return json.loads((out / "results.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("strategy", ["ddp", "allreduce"])
+def test_distributed_resume_is_exact(distributed_resume, strategy):
+    check(distributed_resume[strategy])
+
+
+def job(out: Path, data_dir: str) -> None:
+    """One rank of the torchrun job: the three legs for each distributed mode; rank 0 writes the facts."""
+    import torch.distributed as dist
+
+    results = {}
+    for strategy in ("ddp", "allreduce"):
+        # a finite process-group timeout: a collective mismatch fails the test instead of hanging it
+        extra = ["--trainer.strategy", strategy, "--trainer.devices", "2", "--launch.timeout", "120"]
+        results[strategy] = three_legs(out / strategy, data_dir, extra)
+    if dist.get_rank() == 0:
+        (out / "results.json").write_text(json.dumps(results, indent=1))
+    dist.barrier()
+
+
+if __name__ == "__main__":
+    # through the importable module, so SimulatedCrash is the class the CLI-instantiated callback raises
+    from tests.distributed.test_resume import job as imported_job
+
+    imported_job(Path(sys.argv[1]), sys.argv[2])

@@ -1,0 +1,223 @@
+"""AMP health, throughput, stop-at-accuracy and the summary, each with a real Trainer on real MNIST on CPU.
+
+Overflow and NaN are provoked on purpose: an inf written into a real gradient, NaN written into a real batch.
+The real GradScaler path runs on CPU through Lightning's MixedPrecision plugin with ``device="cpu"`` (torch's CPU
+autocast supports fp16 and ``GradScaler("cpu")`` works; Lightning only swaps the *string* "16-mixed" for bf16 on CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import pytest
+import torch
+from lightning.pytorch import Callback, Trainer, seed_everything
+from lightning.pytorch.plugins import MixedPrecision
+from torch.utils.data import DataLoader, Dataset
+
+from app.callbacks import AMPHealth, NonFiniteLossError, StopAtAccuracy, Throughput, TrainingSummary
+from app.callbacks.stop_at_accuracy import as_fraction
+from datamodules import MNISTDataModule
+from modules import ImageClassifier
+
+
+def trainer_for(tmp_path, callbacks, **kwargs) -> Trainer:
+    defaults = dict(
+        accelerator="cpu", devices=1, max_epochs=1, limit_train_batches=6, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+        log_every_n_steps=1, num_sanity_val_steps=0, limit_val_batches=0,
+    )  # fmt: skip
+    return Trainer(callbacks=callbacks, **{**defaults, **kwargs})
+
+
+def mnist(mnist_dir, batch_size: int = 4) -> MNISTDataModule:
+    return MNISTDataModule(data_dir=str(mnist_dir), batch_size=batch_size)
+
+
+def per_step_model(lr: float = 0.1) -> ImageClassifier:
+    return ImageClassifier(
+        optimizer=lambda p: torch.optim.SGD(p, lr=lr),
+        lr_scheduler=lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5),
+        lr_scheduler_interval="step",
+    )
+
+
+class InfInGradient(Callback):
+    """Writes +inf into one real gradient (after the scaled backward) at the given batch indices."""
+
+    def __init__(self, batches: set[int]) -> None:
+        self.batches = batches
+        self.weights_before: dict[int, torch.Tensor] = {}
+        self.weights_after: dict[int, torch.Tensor] = {}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.weights_before[batch_idx] = pl_module.net[-1].weight.detach().clone()
+
+    def on_after_backward(self, trainer, pl_module):
+        if trainer.fit_loop.epoch_loop.batch_idx in self.batches:
+            pl_module.net[-1].weight.grad[0, 0] = float("inf")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.weights_after[batch_idx] = pl_module.net[-1].weight.detach().clone()
+
+
+class NaNInput(Callback):
+    """Replaces the images with NaN from batch ``start`` on: the loss (and every gradient) becomes NaN."""
+
+    def __init__(self, start: int) -> None:
+        self.start = start
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if batch_idx >= self.start:
+            batch[0].fill_(float("nan"))
+
+
+@pytest.fixture
+def lightning_info(caplog):
+    caplog.set_level(logging.INFO, logger="lightning.pytorch")
+    return caplog
+
+
+def test_overflow_skips_the_step_holds_the_scheduler_and_reports(mnist_dir, tmp_path, lightning_info):
+    seed_everything(0)
+    model, inject = per_step_model(), InfInGradient({2, 3})
+    amp = AMPHealth(message_interval_steps=100)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)  # low enough that only the injected infs overflow
+    trainer = trainer_for(tmp_path, [inject, amp], plugins=[MixedPrecision("16-mixed", "cpu", scaler)])
+    trainer.fit(model, mnist(mnist_dir))
+
+    assert amp.skipped_steps == 2
+    assert trainer.callback_metrics["amp/skipped_steps"] == 2
+    assert trainer.callback_metrics["amp/loss_scale"] == 2.0**8  # halved once per overflow
+    # the overflowing steps left the weights alone; the others changed them
+    for i in range(6):
+        same = torch.equal(inject.weights_before[i], inject.weights_after[i])
+        assert same == (i in (2, 3)), i
+    # 6 optimizer steps, 2 skipped: a per-step StepLR advanced 4 times, not 6 (Lightning#5558)
+    scheduler = trainer.lr_scheduler_configs[0].scheduler
+    assert scheduler.last_epoch == 4
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**4)
+    # one rate-limited line: the second overflow, one step later, is folded into the next message
+    lines = [r.getMessage() for r in lightning_info.records if "Gradient overflow" in r.getMessage()]
+    assert lines == ["Gradient overflow at step 3. Skipping step, loss scaler reducing loss scale to 512"]
+    assert amp.overflow_messages == lines
+
+
+def test_every_overflow_reported_when_the_interval_allows(mnist_dir, tmp_path):
+    amp = AMPHealth(message_interval_steps=1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    trainer = trainer_for(
+        tmp_path, [InfInGradient({1, 2, 4}), amp], plugins=[MixedPrecision("16-mixed", "cpu", scaler)]
+    )
+    model = per_step_model()
+    model.hparams.warmup_epochs = 1  # the classifier's warmup scales the lr inside optimizer_step only
+    trainer.fit(model, mnist(mnist_dir))
+    assert [m.split(" to ")[-1] for m in amp.overflow_messages] == ["512", "256", "128"]
+    # 3 of 6 steps skipped: the schedule advanced 3 times, and no warmup-scaled lr was left behind by the rollback
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**3)
+
+
+@pytest.mark.parametrize("precision", ["32-true", "16-mixed"])
+def test_consecutive_nonfinite_losses_stop_with_a_diagnosis(mnist_dir, tmp_path, precision):
+    plugins = [MixedPrecision("16-mixed", "cpu")] if precision == "16-mixed" else []
+    amp = AMPHealth(max_nonfinite_steps=3)
+    trainer = trainer_for(tmp_path, [NaNInput(start=2), amp], plugins=plugins, limit_train_batches=10)
+    with pytest.raises(NonFiniteLossError) as err:
+        trainer.fit(per_step_model(), mnist(mnist_dir))
+    message = str(err.value)
+    assert "not finite for 3 consecutive steps (steps 3..5" in message
+    assert "loss on rank 0 at step 5: nan" in message
+    assert "Parameters with non-finite gradients: net.0.weight, net.0.bias" in message
+    assert "lower the learning rate" in message
+    assert trainer.global_step == 5  # stopped right away, not after 10 steps
+
+
+def test_isolated_nonfinite_loss_is_tolerated(mnist_dir, tmp_path):
+    class OneNaN(NaNInput):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if batch_idx == self.start:
+                batch[0].fill_(float("nan"))
+
+    amp = AMPHealth(max_nonfinite_steps=2)
+    trainer = trainer_for(tmp_path, [OneNaN(start=1), amp], plugins=[MixedPrecision("16-mixed", "cpu")])
+    trainer.fit(per_step_model(), mnist(mnist_dir))  # the scaler skips the NaN step; training goes on
+    assert trainer.global_step == 6 and amp.skipped_steps == 1
+    assert all(torch.isfinite(p).all() for p in trainer.lightning_module.parameters())
+
+
+def test_amp_health_is_silent_without_a_scaler(mnist_dir, tmp_path):
+    amp = AMPHealth()
+    trainer = trainer_for(tmp_path, [amp], precision="bf16-mixed")
+    trainer.fit(per_step_model(), mnist(mnist_dir))
+    assert "amp/loss_scale" not in trainer.callback_metrics and amp.skipped_steps == 0
+
+
+class SlowImages(Dataset):
+    """Random MNIST-shaped images that take ``delay`` seconds per batch to load, like a starving input pipeline."""
+
+    def __init__(self, n: int, delay: float) -> None:
+        self.n, self.delay = n, delay
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        if i % 4 == 0:
+            time.sleep(self.delay)
+        return torch.randn(1, 28, 28), i % 10
+
+
+def test_throughput_metrics_and_a_starving_loader(mnist_dir, tmp_path):
+    fast, slow = Throughput(window=4), Throughput(window=2)
+    trainer = trainer_for(tmp_path, [fast], limit_train_batches=6)
+    trainer.fit(ImageClassifier(), mnist(mnist_dir))
+    metrics = trainer.callback_metrics
+    assert metrics["perf/images_per_sec"] > 0
+    assert metrics["perf/images_per_sec_per_device"] == metrics["perf/images_per_sec"]  # one device
+    assert fast.total_images == 6 * 4 and fast.mean_images_per_sec > 0
+
+    starving = trainer_for(tmp_path, [slow], limit_train_batches=3)
+    starving.fit(ImageClassifier(), DataLoader(SlowImages(12, delay=1.5), batch_size=4))
+    # 1.5 s of loading per batch against milliseconds of compute: data time dominates and the metric says so
+    assert starving.callback_metrics["perf/data_time_frac"] > 0.5
+    assert metrics["perf/data_time_frac"] < starving.callback_metrics["perf/data_time_frac"]
+
+
+@pytest.mark.parametrize(("given", "fraction"), [(0.75, 0.75), (75, 0.75), (1, 1.0), (99.5, 0.995), (None, None)])
+def test_target_as_fraction_or_percent(given, fraction):
+    assert as_fraction(given) == fraction
+
+
+@pytest.mark.parametrize("bad", [0, -5, 100.5, 250])
+def test_target_out_of_range_is_explained(bad):
+    with pytest.raises(ValueError, match=r"fraction in \(0, 1\] such as 0.75 or a percent in \(1, 100\]"):
+        StopAtAccuracy(target=bad)
+
+
+def test_stop_at_accuracy_and_summary(mnist_dir, tmp_path, lightning_info):
+    seed_everything(0)
+    stop, summary, throughput = StopAtAccuracy(target=70), TrainingSummary(), Throughput()
+    trainer = trainer_for(
+        tmp_path, [stop, summary, throughput, AMPHealth()], max_epochs=10, limit_train_batches=10,
+        limit_val_batches=4,
+    )  # fmt: skip
+    trainer.fit(ImageClassifier(), mnist(mnist_dir, batch_size=32))
+    assert trainer.current_epoch < 10  # stopped early
+    result = stop.result
+    assert result is not None and result["reached"] >= 0.7 and result["target"] == 0.7
+    assert result["samples"] == 10 * 32 * result["epochs"] and result["wall_s"] > 0
+    assert summary.summary["best val/acc1"] >= 0.7 and summary.summary["time to target"] == result
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert written["precision"] == "32-true" and written["world size"] == 1 and written["strategy"]
+    text = "\n".join(r.getMessage() for r in lightning_info.records)
+    assert "Training summary" in text and "time to target" in text and "mean images/s (global)" in text
+    assert "Time to accuracy: val/acc1 >= 0.7000" in text
+
+
+def test_stop_at_accuracy_without_target_does_nothing(mnist_dir, tmp_path):
+    stop = StopAtAccuracy()
+    trainer = trainer_for(tmp_path, [stop], max_epochs=2, limit_train_batches=2)
+    trainer.fit(ImageClassifier(), mnist(mnist_dir))  # no val/acc1 at all, and no complaint
+    assert trainer.current_epoch == 2 and stop.result is None

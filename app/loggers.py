@@ -1,9 +1,43 @@
-"""Loggers whose ``save_dir`` may be left out: the CLI then points them at ``trainer.default_root_dir``,
-so a run's events, config and checkpoints share one folder that one option moves."""
+"""Experiment tracking: TensorBoard by default, Weights & Biases on demand, one run per job, resumable.
+
+- Loggers whose ``save_dir`` is left out write into ``trainer.default_root_dir`` (the CLI fills it in), so a run's
+  events, config and checkpoints share one folder that one option moves.
+- :class:`WandbLogger` imports ``wandb`` lazily, goes offline by itself when no API key or login exists (and says how
+  to ``wandb sync`` later), never prompts, and creates its run on global rank 0 only (Lightning's
+  ``rank_zero_experiment``), so a job is one W&B run whatever the strategy and world size.
+- :class:`TrackingConfigCallback` (the CLI's config callback) logs the resolved config and the environment as
+  hyperparameters and records the loggers' identity (TensorBoard version, W&B run id) in every checkpoint;
+  :func:`prepare_loggers` reads it back before a resumed or SLURM-requeued job builds its loggers, so the job
+  continues the same W&B run and TensorBoard version instead of starting new ones.
+"""
 
 from __future__ import annotations
 
-from lightning.pytorch import loggers
+import importlib.util
+import netrc
+import os
+import platform
+import re
+import sys
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import lightning
+import torch
+import yaml
+from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning.pytorch import LightningModule, Trainer, loggers
+from lightning.pytorch.cli import SaveConfigCallback
+from lightning.pytorch.loggers.logger import rank_zero_experiment
+from lightning.pytorch.utilities import rank_zero_info
+
+SECRET_KEY = re.compile(r"(api[_-]?key|token|secret|password|credential)", re.IGNORECASE)
+INSTALL_HINT = (
+    "The W&B logger (configs/logger/wandb.yaml) needs the `wandb` package, which is not installed here. "
+    "Fix: `pip install wandb` in this environment, or drop `--config configs/logger/wandb.yaml` to log to "
+    "TensorBoard only."
+)
 
 
 class TensorBoardLogger(loggers.TensorBoardLogger):
@@ -11,3 +45,255 @@ class TensorBoardLogger(loggers.TensorBoardLogger):
 
     def __init__(self, save_dir: str | None = None, name: str | None = "", **kwargs) -> None:
         super().__init__(save_dir=save_dir or ".", name=name, **kwargs)
+
+
+def wandb_login_found() -> bool:
+    """True when wandb would find credentials: ``WANDB_API_KEY``, an identity token file, or a netrc entry
+    for the W&B host (what ``wandb login`` writes). Read here, not through wandb's private auth module,
+    whose location changes between wandb releases."""
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return True
+    host = urlsplit(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").netloc
+    home = Path.home()
+    path = os.environ.get("NETRC") or next((str(p) for p in (home / ".netrc", home / "_netrc") if p.is_file()), None)
+    try:
+        found = netrc.netrc(path).authenticators(host) if path else None
+    except (OSError, netrc.NetrcParseError):
+        return False
+    return bool(found and found[2])
+
+
+def wandb_mode(offline: bool | None) -> tuple[str, str]:
+    """The W&B mode to run in and why: the config's ``offline`` wins, then ``WANDB_MODE``, then credentials."""
+    if offline is not None:
+        return ("offline", "offline: true in the logger config") if offline else ("online", "offline: false")
+    env = os.environ.get("WANDB_MODE", "").strip().lower()
+    if env:
+        return ("offline" if env == "dryrun" else env), f"WANDB_MODE={env}"
+    if not wandb_login_found():
+        return "offline", "no W&B API key or login found"
+    return "online", "credentials found"
+
+
+class WandbLogger(loggers.WandbLogger):
+    """Lightning's WandbLogger, made safe for batch jobs.
+
+    Unset values fall back to wandb's own ``WANDB_*`` variables (``WANDB_PROJECT``, ``WANDB_ENTITY``,
+    ``WANDB_RUN_GROUP``, ``WANDB_TAGS``, ``WANDB_NAME``, ``WANDB_MODE``, ``WANDB_DIR`` ...).
+
+    Args:
+        project: W&B project (default: ``$WANDB_PROJECT``, else ``dptrain``).
+        name: display name of the run.
+        save_dir: where ``wandb/`` is written; ``None`` means the run folder (``trainer.default_root_dir``).
+        entity: W&B user or team.
+        group: run group; multi-node jobs get one automatically (see :func:`prepare_loggers`).
+        tags: run tags.
+        notes: run description.
+        job_type: W&B job type, e.g. ``train``.
+        id: run id to create or continue; a resumed job gets it from its checkpoint automatically.
+        offline: ``None`` (auto): online when an API key or ``wandb login`` is found, else offline;
+            ``True``/``False`` force it.
+        log_model: log the checkpoints as W&B artifacts: ``True`` the best and last at the end of training,
+            ``"all"`` every checkpoint when saved. Offline runs keep them for ``wandb sync``.
+        checkpoint_name: name of the model artifact (default ``model-<run id>``).
+        prefix: prefix for every metric key.
+        init_kwargs: further ``wandb.init`` arguments (e.g. ``{settings: {init_timeout: 60}}``).
+    """
+
+    def __init__(
+        self,
+        project: str | None = None,
+        name: str | None = None,
+        save_dir: str | None = None,
+        entity: str | None = None,
+        group: str | None = None,
+        tags: list[str] | None = None,
+        notes: str | None = None,
+        job_type: str | None = None,
+        id: str | None = None,
+        offline: bool | None = None,
+        log_model: bool | Literal["all"] = False,
+        checkpoint_name: str | None = None,
+        prefix: str = "",
+        init_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        try:
+            import wandb  # noqa: F401  (imported here so the app runs without wandb unless this logger is chosen)
+        except ImportError as err:
+            raise ModuleNotFoundError(INSTALL_HINT) from err
+        self.mode, self.mode_reason = wandb_mode(offline)
+        extra = {"entity": entity, "group": group, "tags": tags, "notes": notes, "job_type": job_type}
+        super().__init__(
+            name=name,
+            save_dir=save_dir or ".",
+            id=id,
+            project=project or os.environ.get("WANDB_PROJECT") or "dptrain",
+            log_model=log_model,
+            checkpoint_name=checkpoint_name,
+            prefix=prefix,
+            # our mode, not Lightning's ``offline=True``: that one forbids log_model and rewrites WANDB_MODE globally
+            mode=self.mode,
+            **{k: v for k, v in extra.items() if v is not None},
+            **(init_kwargs or {}),
+        )
+        if self._wandb_init.get("anonymous") is None:
+            self._wandb_init.pop("anonymous", None)  # wandb 0.31 warns about the key even when it is None
+
+    @property
+    @rank_zero_experiment
+    def experiment(self):
+        """The wandb run, created on global rank 0 at first use; other ranks get a no-op object."""
+        creating = self._experiment is None
+        if creating and self._save_dir:
+            Path(self._save_dir).mkdir(parents=True, exist_ok=True)  # wandb falls back to /tmp when it is missing
+        try:
+            run = super().experiment
+        except Exception as err:  # wandb.errors.CommError & co: server unreachable or key refused, after init_timeout
+            if self.mode != "online" or type(err).__module__.split(".")[0] != "wandb":
+                raise
+            # a batch job must not die (or retry forever) for its tracker: record offline, sync later
+            self.mode, self.mode_reason = "offline", f"online start failed: {str(err).splitlines()[0][:200]}"
+            self._wandb_init["mode"] = "offline"
+            run = super().experiment
+        if creating and self.mode == "offline":
+            sync_dir = getattr(getattr(run, "settings", None), "sync_dir", None) or self._save_dir
+            rank_zero_info(
+                f"W&B: offline ({self.mode_reason}); run {run.id} is saved in {sync_dir}; "
+                f"upload it later with: wandb sync {sync_dir}"
+            )
+        return run
+
+
+def redact(value: Any) -> Any:
+    """A copy of ``value`` where every entry whose key looks like a credential reads ``<redacted>``."""
+    if isinstance(value, dict):
+        return {k: "<redacted>" if SECRET_KEY.search(str(k)) else redact(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact(v) for v in value]
+    return value
+
+
+def environment(trainer: Trainer) -> dict[str, Any]:
+    """What ran the job: world size, nodes, strategy, precision, devices (of rank 0's node), versions."""
+    strategy = trainer.strategy
+    devices = list(getattr(strategy, "parallel_devices", None) or [strategy.root_device])
+    names = [torch.cuda.get_device_name(d) if d.type == "cuda" else f"{d.type} ({platform.machine()})" for d in devices]
+    cluster = getattr(strategy, "cluster_environment", None)
+    return {
+        "world_size": trainer.world_size,
+        "num_nodes": trainer.num_nodes,
+        "devices_per_node": trainer.num_devices,
+        "strategy": type(strategy).__name__,
+        "precision": trainer.precision,
+        "accelerator": type(trainer.accelerator).__name__,
+        "device_names": names,
+        "cluster_environment": type(cluster).__name__ if cluster is not None else None,
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "torch": torch.__version__,
+        "lightning": lightning.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+    }
+
+
+class TrackingConfigCallback(SaveConfigCallback):
+    """Lightning's config callback (``config.yaml`` in the run folder), plus two things trackers need.
+
+    On rank 0 at setup it logs the resolved config and :func:`environment` as hyperparameters to every logger
+    (credentials redacted). Its checkpoint state is the run's identity (TensorBoard version folder, W&B run id),
+    read back by :func:`prepare_loggers` when a job resumes from that checkpoint.
+    """
+
+    _trainer: Trainer | None = None
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._trainer = trainer
+        super().setup(trainer, pl_module, stage)
+
+    def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        config = yaml.safe_load(self.parser.dump(self.config, skip_none=False))
+        params = redact({**config, "env": environment(trainer)})
+        for logger in trainer.loggers:
+            logger.log_hyperparams(params)
+
+    def state_dict(self) -> dict[str, Any]:
+        identity: dict[str, Any] = {}
+        for logger in self._trainer.loggers if self._trainer else []:
+            if isinstance(logger, loggers.TensorBoardLogger) and "tensorboard_version" not in identity:
+                version = logger.version
+                identity["tensorboard_version"] = version if isinstance(version, str) else f"version_{version}"
+            elif isinstance(logger, loggers.WandbLogger) and "wandb_id" not in identity and logger.version:
+                identity["wandb_id"] = logger.version
+        return identity
+
+
+def _newest_hpc_checkpoint(root: Path) -> Path | None:
+    # the file Lightning's SLURM auto-requeue resumes from (checkpoint_connector._hpc_resume_path)
+    found = [(int(m.group(1)), p) for p in root.glob("hpc_ckpt_*.ckpt") if (m := re.search(r"_(\d+)\.ckpt$", p.name))]
+    return max(found)[1] if found else None
+
+
+def resumed_checkpoint(ckpt_path: str | None, root: Path) -> Path | None:
+    """The checkpoint a fit will resume from: an explicit file, or the HPC checkpoint Lightning picks on SLURM."""
+    if ckpt_path == "hpc" or (ckpt_path is None and SLURMEnvironment.detect()):
+        return _newest_hpc_checkpoint(root)
+    if ckpt_path and Path(ckpt_path).is_file():
+        return Path(ckpt_path)
+    return None
+
+
+def read_identity(checkpoint: Path) -> dict[str, Any]:
+    """The run identity :class:`TrackingConfigCallback` stored in ``checkpoint`` (empty when there is none)."""
+    # mmap: the tensors are not read; weights_only=False because Lightning is about to load this same file anyway
+    try:
+        state = torch.load(checkpoint, map_location="cpu", mmap=True, weights_only=False)
+    except RuntimeError:  # a checkpoint in torch's legacy (non-zip) format cannot be memory-mapped
+        state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    return dict(state.get("callbacks", {}).get(TrackingConfigCallback.__qualname__, {}))
+
+
+def prepare_loggers(config, subcommand: str | None) -> None:
+    """Fills in logger settings the CLI knows before the loggers exist (called by the CLI on every rank).
+
+    - Choosing the W&B logger without ``wandb`` installed stops here with the install command.
+    - A multi-node job gets a W&B ``group`` (``slurm-<job id>`` / ``torchrun-<run id>``) unless one is set.
+    - ``fit`` resuming from a checkpoint of this run folder (``--ckpt_path last|FILE``, or SLURM's requeue
+      checkpoint) continues the checkpoint's TensorBoard version and W&B run id. A checkpoint from another
+      folder starts new ones (fine-tuning someone else's weights is a new run).
+    """
+    trainer = config.trainer
+    configured = trainer.get("logger")
+    configured = configured if isinstance(configured, list) else [configured]
+    configured = [lg for lg in configured if hasattr(lg, "init_args")]
+    wandb_cfgs = [lg for lg in configured if lg.class_path.rsplit(".", 1)[-1] == "WandbLogger"]
+    tb_cfgs = [lg for lg in configured if lg.class_path.rsplit(".", 1)[-1] == "TensorBoardLogger"]
+    if wandb_cfgs and importlib.util.find_spec("wandb") is None:
+        # here, not only in WandbLogger: jsonargparse would bury the logger's message in a "Union subtypes" error
+        sys.exit(f"error: {INSTALL_HINT}")
+
+    nodes = int(trainer.get("num_nodes") or 1)
+    if nodes > 1 and not os.environ.get("WANDB_RUN_GROUP"):
+        job = os.environ.get("SLURM_JOB_ID")
+        run = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+        group = f"slurm-{job}" if job else (f"torchrun-{run}" if run != "none" else f"{nodes}-nodes")
+        for lg in wandb_cfgs:
+            if not lg.init_args.get("group"):
+                lg.init_args.group = group
+
+    if subcommand != "fit":
+        return
+    root = Path(trainer.get("default_root_dir") or ".").resolve()
+    checkpoint = resumed_checkpoint(config.get("ckpt_path"), root)
+    if checkpoint is None or root not in checkpoint.resolve().parents:
+        return
+    identity = read_identity(checkpoint)
+    for lg in tb_cfgs:
+        if lg.init_args.get("version") is None and identity.get("tensorboard_version"):
+            lg.init_args.version = identity["tensorboard_version"]
+    for lg in wandb_cfgs:
+        if not lg.init_args.get("id") and identity.get("wandb_id"):
+            lg.init_args.id = identity["wandb_id"]
+    if identity:
+        names = {"tensorboard_version": "TensorBoard", "wandb_id": "W&B run"}
+        what = " and ".join(f"{names.get(k, k)} {v}" for k, v in identity.items())
+        rank_zero_info(f"Resuming from {checkpoint}: continuing {what}")

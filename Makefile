@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test lint clean
+.PHONY: venv demo test lint clean slurm-up slurm-down
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,15 @@ demo: venv
 test: venv
 	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests - failing"; fi; exit $$rc
+
+# A throwaway SLURM cluster on this machine (root, Debian/apt) for the `slurm` tests: see tools/slurm_cluster.sh.
+slurm-up:
+	bash tools/slurm_cluster.sh install
+	bash tools/slurm_cluster.sh start
+	@echo 'now: eval "$$(bash tools/slurm_cluster.sh env)"'
+
+slurm-down:
+	bash tools/slurm_cluster.sh stop
 
 lint: venv
 	$(BIN)/ruff check .

@@ -1,0 +1,133 @@
+"""Which launcher started this process, and the layout it promises: one helper reads torchrun's and SLURM's variables.
+
+Lightning's cluster environments (``SLURMEnvironment``, ``TorchElasticEnvironment``) read the same variables later,
+when the Trainer is built; this module reads them earlier, without side effects, so the preflight plan can compare
+them with the config before any process group exists.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What the launcher says about this job. Counts are None when the launcher does not tell.
+
+    Attributes:
+        launcher: ``"none"`` (plain ``python cli.py``; Lightning starts the local processes itself), ``"torchrun"``
+            or ``"slurm"``.
+        nodes: number of nodes the launcher started.
+        tasks_per_node: processes per node (SLURM ``--ntasks-per-node``, torchrun ``--nproc_per_node``).
+        world_size: processes in the whole job.
+        rank: this process's global rank.
+        node_rank: this process's node index.
+        hosts: node host names in node order (SLURM), or just this host.
+        env: the variables the layout was read from (for messages).
+    """
+
+    launcher: str = "none"
+    nodes: int | None = None
+    tasks_per_node: int | None = None
+    world_size: int | None = None
+    rank: int = 0
+    node_rank: int = 0
+    hosts: tuple[str, ...] = ()
+    ntasks_without_per_node: bool = False
+    in_batch_step: bool = False
+    job_id: str | None = None
+    restart_count: int = 0
+    env: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+    @property
+    def multi_task(self) -> bool:
+        """True when the launcher started more than one process for this job."""
+        return (self.world_size or 1) > 1
+
+
+def _int(value: str | None) -> int | None:
+    # SLURM writes repeated counts as "2(x3)"; the first number is the per-node value
+    match = re.match(r"\d+", value or "")
+    return int(match.group()) if match else None
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Expands SLURM's compressed host list (``n[1-3,7],gpu01``) the way ``scontrol show hostnames`` does."""
+    hosts: list[str] = []
+    for match in re.finditer(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist):
+        prefix, ranges = match.group(1), match.group(2)
+        if ranges is None:
+            hosts.append(prefix)
+            continue
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            width = len(lo)
+            hosts.extend(f"{prefix}{i:0{width}d}" for i in range(int(lo), int(hi or lo) + 1))
+    return hosts
+
+
+def detect(environ: Mapping[str, str] | None = None) -> Launch:
+    """Reads the launcher's variables from ``environ`` (default ``os.environ``).
+
+    SLURM is detected the way Lightning's ``SLURMEnvironment.detect`` does it (``SLURM_NTASKS`` set and the job not
+    named ``bash``/``interactive``), torchrun by ``TORCHELASTIC_RUN_ID`` (as ``dist.is_torchelastic_launched`` does).
+    """
+    env = dict(os.environ if environ is None else environ)
+    if "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive"):
+        ntasks = _int(env.get("SLURM_NTASKS"))
+        per_node = _int(env.get("SLURM_NTASKS_PER_NODE"))
+        nodes = _int(env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES"))
+        nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
+        return Launch(
+            launcher="slurm",
+            nodes=nodes,
+            tasks_per_node=per_node,
+            world_size=ntasks,
+            rank=_int(env.get("SLURM_PROCID")) or 0,
+            node_rank=_int(env.get("SLURM_NODEID")) or 0,
+            hosts=tuple(expand_nodelist(nodelist)),
+            ntasks_without_per_node=(ntasks or 1) > 1 and per_node is None,
+            # srun sets SLURM_STEP_ID for the tasks it starts; the batch script itself has none
+            in_batch_step="SLURM_STEP_ID" not in env,
+            job_id=env.get("SLURM_ARRAY_JOB_ID") or env.get("SLURM_JOB_ID"),
+            restart_count=_int(env.get("SLURM_RESTART_COUNT")) or 0,
+            env=env,
+        )
+    if "TORCHELASTIC_RUN_ID" in env:
+        world = _int(env.get("WORLD_SIZE"))
+        per_node = _int(env.get("LOCAL_WORLD_SIZE"))
+        nodes = world // per_node if world and per_node else None
+        return Launch(
+            launcher="torchrun",
+            nodes=nodes,
+            tasks_per_node=per_node,
+            world_size=world,
+            rank=_int(env.get("RANK")) or 0,
+            node_rank=_int(env.get("GROUP_RANK")) or 0,
+            hosts=(socket.gethostname(),),
+            env=env,
+        )
+    # plain `python cli.py` on each node (Lightning's own launcher): NODE_RANK says which node this is
+    return Launch(node_rank=_int(env.get("NODE_RANK")) or 0, hosts=(socket.gethostname(),), env=env)
+
+
+def main_address(launch: Launch) -> str | None:
+    """The rendezvous host the ranks will connect to: ``MASTER_ADDR``, else (SLURM) the first node of the job."""
+    if "MASTER_ADDR" in launch.env:
+        return launch.env["MASTER_ADDR"]
+    if launch.launcher == "slurm" and launch.hosts:
+        return launch.hosts[0]
+    return None
+
+
+def resolves(host: str) -> bool:
+    """True when ``host`` has an address (the check c10d's rendezvous would otherwise retry forever)."""
+    try:
+        socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return True

@@ -1,0 +1,71 @@
+"""The throwaway SLURM cluster of ``tools/slurm_cluster.sh``; without it every ``slurm`` test skips saying how."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_CONF = "/tmp/dptrain-slurm/slurm.conf"  # where `tools/slurm_cluster.sh start` writes it by default
+START = "`bash tools/slurm_cluster.sh install && bash tools/slurm_cluster.sh start` (as root; .ci/run does it)"
+
+
+def _cluster_env() -> dict[str, str] | None:
+    conf = os.environ.get("SLURM_CONF", DEFAULT_CONF)
+    if not shutil.which("sbatch") or not Path(conf).is_file():
+        return None
+    # the simulated nodes n1/n2 do not resolve: the rendezvous host is given explicitly (see tools/slurm_cluster.sh)
+    env = {**os.environ, "SLURM_CONF": conf, "MASTER_ADDR": "127.0.0.1", "PYTHONUNBUFFERED": "1"}
+    sinfo = subprocess.run(["sinfo", "-h", "-o", "%T %D"], env=env, capture_output=True, text=True, timeout=30)
+    return env if sinfo.returncode == 0 and sinfo.stdout.strip() else None
+
+
+@pytest.fixture(scope="session")
+def slurm_env() -> dict[str, str]:
+    """Environment for sbatch/srun against the running cluster (skips when there is none)."""
+    env = _cluster_env()
+    if env is None:
+        pytest.skip(f"no SLURM cluster is up (no sbatch, or sinfo fails for SLURM_CONF): start one with {START}")
+    return env
+
+
+@pytest.fixture(scope="session")
+def slurm_nodes(slurm_env) -> int:
+    out = subprocess.run(["sinfo", "-h", "-o", "%D"], env=slurm_env, capture_output=True, text=True, check=True)
+    return sum(int(n) for n in out.stdout.split())
+
+
+def submit(slurm_env: dict[str, str], *args: str) -> str:
+    """``python -m app.launch.slurm submit ARGS`` as a user runs it; returns the job id."""
+    out = subprocess.run(
+        [sys.executable, "-m", "app.launch.slurm", "submit", *args],
+        cwd=ROOT, env=slurm_env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    match = re.search(r"submitted job (\d+)", out.stdout)
+    assert match, out.stdout
+    return match.group(1)
+
+
+def job_info(slurm_env: dict[str, str], job_id: str) -> dict[str, str]:
+    out = subprocess.run(["scontrol", "show", "job", job_id], env=slurm_env, capture_output=True, text=True)
+    return dict(re.findall(r"(\w+)=(\S*)", out.stdout))
+
+
+def wait_job(slurm_env: dict[str, str], job_id: str, timeout: float = 600) -> dict[str, str]:
+    """Waits until the job has left the queue (requeues included); cancels it and fails after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = job_info(slurm_env, job_id)
+        if info.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
+            return info
+        time.sleep(0.5)
+    subprocess.run(["scancel", job_id], env=slurm_env)
+    pytest.fail(f"job {job_id} did not finish within {timeout} s: {job_info(slurm_env, job_id)}")

@@ -1,0 +1,106 @@
+"""Real jobs on the throwaway SLURM cluster, submitted the way a user does: ``python -m app.launch.slurm submit``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.slurm.conftest import ROOT, job_info, submit, wait_job
+from tests.wandb_reader import offline_runs, requires_wandb
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+EPOCHS, BATCHES = 2, 100  # long enough epochs that SIGUSR1 lands mid-training
+
+
+def fit_args(mnist_dir: Path, root: Path, epochs: int = EPOCHS, batches: int = BATCHES) -> list[str]:
+    return [
+        "fit", "--data.data_dir", str(mnist_dir), "--trainer.default_root_dir", str(root),
+        "--trainer.max_epochs", str(epochs), "--trainer.limit_train_batches", str(batches),
+        "--trainer.limit_val_batches", "5", "--trainer.enable_progress_bar", "false",
+    ]  # fmt: skip
+
+
+def final_step(root: Path) -> int:
+    """The global step of the run's ``last.ckpt``; asserts the job left exactly one run folder."""
+    versions = sorted(root.glob("version_*"))
+    assert len(versions) == 1, f"expected one run folder in {root}, found {versions}"
+    return torch.load(versions[0] / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["global_step"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(slurm_env, mnist_dir, tmp_path_factory):
+    """A 2-task CPU DDP fit on one node, submitted by the app and left alone: (root, log, job info)."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    job = submit(slurm_env, "--tasks-per-node", "2", "--time", "10:00", "--", *fit_args(mnist_dir, root))
+    info = wait_job(slurm_env, job)
+    return root, (root / f"slurm-{job}.out").read_text(), info
+
+
+def test_submitted_2_task_ddp_fit_completes_with_one_set_of_outputs(uninterrupted):
+    root, log, info = uninterrupted
+    assert info["JobState"] == "COMPLETED", log[-3000:]
+    assert "GLOBAL_RANK: 0, MEMBER: 1/2" in log and "GLOBAL_RANK: 1, MEMBER: 2/2" in log, log[-3000:]
+    assert log.count("preflight plan") == 1 and "launcher     SLURM" in log  # printed by rank 0 only
+    assert final_step(root) == EPOCHS * BATCHES
+    assert len(list(root.glob("version_0/events.out.tfevents.*"))) == 1  # one logger (rank 0)
+    assert len(list(root.glob("sbatch/*.sh"))) == 1  # the script that ran is kept with the run
+
+
+def test_two_nodes_one_task_each(slurm_env, slurm_nodes, mnist_dir, tmp_path):
+    if slurm_nodes < 2:
+        pytest.skip("the cluster has one node: start it with SLURM_CI_NODES=2 (the default of tools/slurm_cluster.sh)")
+    args = fit_args(mnist_dir, tmp_path, epochs=1, batches=10)
+    job = submit(slurm_env, "--nodes", "2", "--tasks-per-node", "1", "--time", "10:00", "--", *args)
+    info = wait_job(slurm_env, job)
+    log = (tmp_path / f"slurm-{job}.out").read_text()
+    assert info["JobState"] == "COMPLETED", log[-3000:]
+    assert info["NumNodes"] == "2"
+    assert "2 node(s) x 1 process(es) = world size 2" in log
+    assert "GLOBAL_RANK: 0, MEMBER: 1/2" in log and "GLOBAL_RANK: 1, MEMBER: 2/2" in log
+    assert final_step(tmp_path) == 10
+
+
+@requires_wandb
+def test_sigusr1_checkpoints_requeues_and_resumes_to_the_same_step(slurm_env, mnist_dir, tmp_path, uninterrupted):
+    # with W&B on (offline, as on a compute node without network): the requeued attempt must continue the same run
+    env = {**{k: v for k, v in slurm_env.items() if not k.startswith("WANDB_")}, "WANDB_MODE": "offline"}
+    wandb_config = ["--config", str(ROOT / "configs" / "logger" / "wandb.yaml")]
+    args = fit_args(mnist_dir, tmp_path)
+    job = submit(env, "--tasks-per-node", "2", "--time", "10:00", "--", *args[:1], *wandb_config, *args[1:])
+    # the first epoch's checkpoint marks "training is under way, and not finished"
+    deadline = time.monotonic() + 400
+    while not list(tmp_path.glob("version_*/checkpoints/last.ckpt")):
+        assert job_info(slurm_env, job).get("JobState") in ("PENDING", "RUNNING"), job_info(slurm_env, job)
+        assert time.monotonic() < deadline, "the job never finished its first epoch"
+        time.sleep(0.2)
+    subprocess.run(["scancel", "--signal=USR1", job], env=slurm_env, check=True)
+    info = wait_job(slurm_env, job)
+    log = (tmp_path / f"slurm-{job}.out").read_text()
+    assert info["JobState"] == "COMPLETED", log[-3000:]
+    assert info["Restarts"] == "1", info
+    assert "Handling auto-requeue signal" in log and "attempt 2" in log, log[-3000:]
+    assert "Restored all states from the checkpoint" in log and "hpc_ckpt_1.ckpt" in log, log[-3000:]
+    assert "hpc: " in log  # the requeued attempt's plan names the checkpoint it resumes from
+    uninterrupted_root = uninterrupted[0]
+    assert final_step(tmp_path) == final_step(uninterrupted_root) == EPOCHS * BATCHES  # same run folder, same end
+    runs = offline_runs(tmp_path)
+    assert len(runs) == 2, [r.path for r in runs]  # one offline folder per attempt, rank 0 only
+    assert runs[0].run_id == runs[1].run_id, [r.run_id for r in runs]  # the requeued attempt continues the W&B run
+
+
+def test_tasks_per_node_not_matching_devices_fails_fast_with_the_fix(slurm_env, tmp_path):
+    command = [
+        "srun", "--nodes=1", "--ntasks-per-node=2", "--time=5", sys.executable, str(ROOT / "cli.py"), "fit",
+        "--trainer.devices", "1", "--trainer.accelerator", "cpu", "--trainer.default_root_dir", str(tmp_path),
+    ]  # fmt: skip
+    out = subprocess.run(command, cwd=ROOT, env=slurm_env, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0
+    assert "preflight" in out.stderr and "--ntasks-per-node 2" in out.stderr, out.stderr[-3000:]
+    assert "Fix: `--trainer.devices 2`" in out.stderr
+    assert not list(tmp_path.glob("version_*"))  # nothing was started

@@ -1,0 +1,123 @@
+"""The preflight plan: real configs parsed by the app's CLI, launcher variables as SLURM and torchrun set them."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.cli import main
+from app.launch.env import detect, expand_nodelist
+from app.launch.plan import Plan, PreflightError, build
+from app.launch.slurm import resolve_config
+from tests.conftest import ROOT
+
+SLURM_2x4 = {  # what srun gives rank 5 of `sbatch --nodes=2 --ntasks-per-node=4`
+    "SLURM_NTASKS": "8", "SLURM_NTASKS_PER_NODE": "4", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "gpu[07-08]",
+    "SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0",
+    "SLURM_JOB_NAME": "dptrain-imagenet", "MASTER_ADDR": "127.0.0.1",
+}  # fmt: skip
+TORCHRUN_2 = {
+    "TORCHELASTIC_RUN_ID": "abc", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+    "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def config_of():
+    """cli.py's resolved config for a command line (parsed, nothing instantiated)."""
+    return lambda *args: resolve_config(["fit", "--trainer.default_root_dir", "/tmp/plan-test", *args])
+
+
+def problems(config, env) -> list[str]:
+    return build(config, launch=detect(env)).problems
+
+
+def test_expand_nodelist():
+    assert expand_nodelist("gpu[07-09,12],login1") == ["gpu07", "gpu08", "gpu09", "gpu12", "login1"]
+    assert expand_nodelist("n1") == ["n1"] and expand_nodelist("n[1-2]") == ["n1", "n2"]
+
+
+def test_consistent_slurm_job_has_no_problem_and_maps_ranks_to_hosts(config_of):
+    config = config_of("--trainer.devices", "4", "--trainer.num_nodes", "2", "--trainer.accelerator", "gpu")
+    plan = build(config, launch=detect(SLURM_2x4))
+    assert plan.problems == []
+    text = plan.render()
+    assert "SLURM, job 4242" in text and "2 node(s) x 4 process(es) = world size 8" in text
+    assert "node 1 gpu08: ranks 4-7 -> cuda:0-3" in text
+    assert "64 per device, global 512" in text and "lr           1.0" in text
+
+
+def test_imagenet_recipe_plan_states_the_linearly_scaled_lr(config_of):
+    config = config_of(
+        "--config", str(ROOT / "configs" / "imagenet.yaml"), "--trainer.devices", "4", "--trainer.num_nodes", "2",
+        "--trainer.accelerator", "gpu", "--data.batch_size", "64",
+    )  # fmt: skip
+    text = build(config, launch=detect(SLURM_2x4)).render()
+    # 64 per device x 8 processes = 512 images per step -> 0.1 per 256 becomes 0.2
+    assert "64 per device, global 512" in text
+    assert "0.2 = 0.1 per 256 images x global batch 512 (linear scaling)" in text
+
+
+def test_tasks_per_node_must_equal_devices(config_of):
+    (problem,) = problems(config_of("--trainer.devices", "1", "--trainer.num_nodes", "2"), SLURM_2x4)
+    assert "--ntasks-per-node 4" in problem and "Fix: `--trainer.devices 4`" in problem
+
+
+def test_nodes_must_equal_num_nodes(config_of):
+    (problem,) = problems(config_of("--trainer.devices", "4"), SLURM_2x4)
+    assert "--nodes 2" in problem and "trainer.num_nodes=1" in problem and "--trainer.num_nodes 2" in problem
+
+
+def test_ntasks_without_ntasks_per_node(config_of):
+    env = {k: v for k, v in SLURM_2x4.items() if k != "SLURM_NTASKS_PER_NODE"}
+    found = problems(config_of("--trainer.devices", "4", "--trainer.num_nodes", "2"), env)
+    assert any("--ntasks but without --ntasks-per-node" in p for p in found), found
+
+
+def test_batch_script_without_srun(config_of):
+    env = {k: v for k, v in SLURM_2x4.items() if k != "SLURM_STEP_ID"}
+    found = problems(config_of("--trainer.devices", "4", "--trainer.num_nodes", "2"), env)
+    assert any("srun python cli.py" in p for p in found), found
+
+
+def test_dp_under_a_multi_task_launcher(config_of):
+    config = config_of("--trainer.strategy", "dp", "--trainer.devices", "2")
+    assert any("strategy dp drives every device of ONE node" in p for p in problems(config, TORCHRUN_2))
+    assert problems(config, {}) == []  # one process driving the devices is what dp is for
+
+
+def test_torchrun_nproc_per_node_must_equal_devices(config_of):
+    (problem,) = problems(config_of("--trainer.devices", "1"), TORCHRUN_2)
+    assert "--nproc_per_node 2" in problem and "--trainer.devices 2" in problem
+    assert problems(config_of("--trainer.devices", "2"), TORCHRUN_2) == []
+
+
+def test_rendezvous_host_that_does_not_resolve(config_of):
+    env = {**SLURM_2x4, "SLURM_JOB_NODELIST": "no-such-host-l6[1-2]"}
+    env.pop("MASTER_ADDR")
+    (problem,) = problems(config_of("--trainer.devices", "4", "--trainer.num_nodes", "2"), env)
+    assert "'no-such-host-l61'" in problem and "export MASTER_ADDR" in problem
+
+
+def test_num_nodes_without_a_launcher_or_master_addr(config_of):
+    (problem,) = problems(config_of("--trainer.num_nodes", "2"), {})
+    assert "no launcher was detected" in problem and "torchrun --nnodes 2" in problem
+    assert problems(config_of("--trainer.num_nodes", "2"), {"MASTER_ADDR": "10.0.0.1"}) == []
+
+
+def test_global_batch_that_world_size_does_not_divide():
+    plan = Plan(
+        launch=detect(SLURM_2x4), strategy="ddp", accelerator="gpu", devices=4, num_nodes=2, batch_size=None,
+        global_batch_size=1000, lr=0.1, precision="16-mixed", root_dir="/tmp", resume=None, timeout=None, accumulate=2,
+    ).check()  # fmt: skip
+    (problem,) = plan.problems
+    assert "global_batch_size=1000" in problem and "= 16" in problem and "992 or 1008" in problem
+
+
+def test_the_cli_stops_every_rank_before_the_trainer_exists(monkeypatch, tmp_path):
+    for key, value in SLURM_2x4.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(PreflightError) as stopped:
+        main(["--trainer.default_root_dir", str(tmp_path), "--trainer.devices", "2", "--trainer.num_nodes", "2"], False)
+    assert stopped.value.code != 0 and "nothing was started" in str(stopped.value.code)
+    assert "Fix: `--trainer.devices 4`" in str(stopped.value.code)
+    assert not list(tmp_path.iterdir())

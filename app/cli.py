@@ -14,6 +14,9 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
 import app  # noqa: F401  (registers the strategy names before the parser reads them)
+from app.callbacks import StopAtAccuracy
+from app.launch.plan import apply_timeout, preflight, rendezvous_errors_explained
+from app.loggers import TrackingConfigCallback, prepare_loggers
 from modules import ImageClassifier
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,6 +39,16 @@ class CLI(LightningCLI):
         # The datamodule knows its classes and channels; the model is told, never configured twice.
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.in_channels", "model.in_channels", apply_on="instantiate")
+        # Always present (a no-op without a target) and set with `--stop_at_accuracy.target 75` or a YAML fragment:
+        # an entry of trainer.callbacks could only be configured by restating the whole list.
+        parser.add_lightning_class_args(StopAtAccuracy, "stop_at_accuracy")
+        parser.add_argument(
+            "--launch.timeout",
+            type=float | None,
+            default=None,
+            help="Seconds the ranks wait for each other at start-up and in collectives before failing with a message "
+            "naming who is missing (default: the strategy's own, 1800 s for ddp).",
+        )
 
     def _subcommand_config(self):
         return self.config[self.subcommand] if self.subcommand else self.config
@@ -43,6 +56,13 @@ class CLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         self._loggers_write_to_run_dir()
         self._resolve_last_checkpoint()
+        prepare_loggers(self._subcommand_config(), self.subcommand)  # W&B group; resumed run's identity
+        # launcher vs config, before any process group exists; rank 0 prints the plan, every rank stops on a problem
+        preflight(self._subcommand_config(), timeout=self._subcommand_config().launch.timeout)
+
+    def instantiate_classes(self) -> None:
+        super().instantiate_classes()
+        apply_timeout(self.trainer.strategy, self._subcommand_config().launch.timeout)
 
     def _logger_configs(self) -> list:
         loggers = self._subcommand_config().trainer.get("logger")
@@ -87,20 +107,23 @@ class CLI(LightningCLI):
         rank_zero_info(f"--ckpt_path last resolved to {last}")
 
 
-def main(args: list[str] | None = None, run: bool = True) -> CLI:
+def main(args: list[str] | None = None, run: bool = True, cli_class: type[CLI] | None = None) -> CLI:
     """Parses ``args`` (default: ``sys.argv``) on top of ``configs/mnist.yaml`` and runs the subcommand.
 
     With ``run=False`` there is no subcommand: the classes are only instantiated (used by tests and tools).
+    ``cli_class`` replaces :class:`CLI` (``app.launch.slurm`` parses a command with it without running anything).
     """
     # allow_abbrev=False: a typo such as --trainer.max_epoch is an error, not silently another option
     defaults = {"default_config_files": [str(DEFAULT_CONFIG)], "allow_abbrev": False}
-    return CLI(
-        ImageClassifier,
-        LightningDataModule,
-        subclass_mode_data=True,
-        auto_configure_optimizers=False,  # optimizer and scheduler are model arguments (one way, see README)
-        parser_kwargs={cmd: defaults for cmd in SUBCOMMANDS} if run else defaults,
-        save_config_kwargs={"overwrite": True},
-        args=args,
-        run=run,
-    )
+    with rendezvous_errors_explained():
+        return (cli_class or CLI)(
+            ImageClassifier,
+            LightningDataModule,
+            subclass_mode_data=True,
+            auto_configure_optimizers=False,  # optimizer and scheduler are model arguments (one way, see README)
+            parser_kwargs={cmd: defaults for cmd in SUBCOMMANDS} if run else defaults,
+            save_config_callback=TrackingConfigCallback,  # + config/env as hparams, run identity in ckpts
+            save_config_kwargs={"overwrite": True},
+            args=args,
+            run=run,
+        )

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -30,6 +31,14 @@ class ImageClassifier(LightningModule):
         lr_scheduler: optional LR scheduler given the same way (e.g. ``torch.optim.lr_scheduler.StepLR``).
         lr_scheduler_interval: step the scheduler every ``epoch`` or every optimizer ``step``.
         label_smoothing: cross-entropy label smoothing.
+        lr_reference_batch_size: linear LR scaling: the optimizer's ``lr`` is the rate per this many images of
+            global batch (256 in the ImageNet recipe) and the optimizer runs with ``lr x global batch / this``.
+            The global batch is the datamodule's ``batch_size x world size x accumulate_grad_batches``.
+            None: ``lr`` is used as given.
+        warmup_epochs: ramp the learning rate linearly from ~0 to its scheduled value over this many epochs
+            (counted in optimizer steps; 0 = no warmup; Goyal et al. use 5 for large batches).
+        channels_last: keep weights and inputs in NHWC memory format (faster convolutions on tensor cores).
+        compile: compile the network with ``torch.compile`` (parameter names stay unchanged in checkpoints).
     """
 
     def __init__(
@@ -41,10 +50,21 @@ class ImageClassifier(LightningModule):
         lr_scheduler: LRSchedulerCallable | None = None,
         lr_scheduler_interval: Literal["epoch", "step"] = "epoch",
         label_smoothing: float = 0.0,
+        lr_reference_batch_size: int | None = None,
+        warmup_epochs: float = 0.0,
+        channels_last: bool = False,
+        compile: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
         self.net = zoo.build(arch, num_classes=num_classes, in_channels=in_channels)
+        if channels_last:
+            self.net = self.net.to(memory_format=torch.channels_last)
+        if compile:
+            self.net.compile()  # in place: the state_dict keeps its names (no ``_orig_mod.`` prefix)
+        # images evaluated per stage, summed over ranks: proves exact evaluation ("evaluated 50000/50000")
+        self.eval_counts = {"val": 0, "test": 0}
+        self.evaluated: dict[str, tuple[int, int]] = {}
         self.optimizer_factory = optimizer
         self.lr_scheduler_factory = lr_scheduler
         top5 = min(5, num_classes)
@@ -61,21 +81,34 @@ class ImageClassifier(LightningModule):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.hparams.get("channels_last") and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
         return self.net(x)
 
-    def _step(self, batch, stage: str) -> torch.Tensor:
+    def forward_step(self, batch) -> dict[str, torch.Tensor]:
+        """Forward and loss of one batch, without logging. Under ``dp`` this runs in every GPU's replica."""
         x, y = batch
         logits = self(x)
         loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
+        return {"loss": loss, "logits": logits, "target": y}
+
+    def log_step(self, outputs: dict[str, torch.Tensor], stage: str) -> torch.Tensor:
+        """Metrics and logging of one batch, run once (under ``dp``: on the root device, on the gathered outputs)."""
+        loss, logits, y = outputs["loss"], outputs["logits"], outputs["target"]
+        # training metrics per step, evaluation metrics per epoch: the keys stay exactly `train/loss`, `val/acc1`, ...
         on_step = stage == "train"
         self.metrics[f"{stage}_loss"](loss.detach(), weight=y.numel())
         self.metrics[f"{stage}_acc1"](logits.detach(), y)
-        self.log(f"{stage}/loss", self.metrics[f"{stage}_loss"], on_step=on_step, on_epoch=True, prog_bar=True)
-        self.log(f"{stage}/acc1", self.metrics[f"{stage}_acc1"], on_step=on_step, on_epoch=True, prog_bar=True)
+        self.log(f"{stage}/loss", self.metrics[f"{stage}_loss"], on_step=on_step, on_epoch=not on_step, prog_bar=True)
+        self.log(f"{stage}/acc1", self.metrics[f"{stage}_acc1"], on_step=on_step, on_epoch=not on_step, prog_bar=True)
         if stage != "train":
             self.metrics[f"{stage}_acc5"](logits.detach(), y)
+            self.eval_counts[stage] += y.numel()
             self.log(f"{stage}/acc5", self.metrics[f"{stage}_acc5"], on_step=False, on_epoch=True)
         return loss
+
+    def _step(self, batch, stage: str) -> torch.Tensor:
+        return self.log_step(self.forward_step(batch), stage)
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         return self._step(batch, "train")
@@ -91,8 +124,75 @@ class ImageClassifier(LightningModule):
         probs = self(x).softmax(dim=-1)
         return {"pred": probs.argmax(dim=-1), "prob": probs}
 
+    def on_validation_epoch_end(self) -> None:
+        self._report_evaluated("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._report_evaluated("test")
+
+    def _report_evaluated(self, stage: str) -> None:
+        """Prints ``evaluated N/M images``: N counted in the steps (summed over ranks), M the size of the data set."""
+        local = torch.tensor(self.eval_counts[stage], device=self.device)
+        seen = int(self.trainer.strategy.reduce(local, reduce_op="sum").item())  # every rank takes part
+        self.eval_counts[stage] = 0
+        if self.trainer.sanity_checking:
+            return
+        loaders = self.trainer.val_dataloaders if stage == "val" else self.trainer.test_dataloaders
+        loaders = loaders if isinstance(loaders, list | tuple) else [loaders]
+        total = sum(len(dl.dataset) for dl in loaders if hasattr(getattr(dl, "dataset", None), "__len__"))
+        self.evaluated[stage] = (seen, total)
+        note = "" if seen == total else " (fewer: limit_*_batches, or skipped unreadable images)"
+        rank_zero_info(f"{stage}: evaluated {seen}/{total} images{note}")
+
+    def global_batch_size(self) -> int:
+        """Images per optimizer step over all processes, from the datamodule's batch and the trainer."""
+        datamodule = self.trainer.datamodule
+        known = getattr(datamodule, "global_batch_size", None)
+        if known:
+            return int(known)
+        batch_size = getattr(datamodule, "batch_size", None)
+        if batch_size is None:
+            raise ValueError(
+                "model.lr_reference_batch_size needs the global batch, but the datamodule has no batch_size "
+                "attribute. Set model.lr_reference_batch_size null and give the final lr to the optimizer."
+            )
+        return batch_size * self.trainer.world_size * self.trainer.accumulate_grad_batches
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
+        factor = self._warmup_factor()
+        if factor >= 1.0:
+            return super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        # Warmup scales the scheduled lr for this step only and restores it, so the scheduler stays the one owner
+        # of the lr (an extra LambdaLR would overwrite an epoch-wise StepLR's decay).
+        scheduled = [group["lr"] for group in optimizer.param_groups]
+        for group in optimizer.param_groups:
+            group["lr"] *= factor
+        try:
+            super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        finally:
+            for group, lr in zip(optimizer.param_groups, scheduled, strict=True):
+                group["lr"] = lr
+
+    def _warmup_factor(self) -> float:
+        warmup_epochs = self.hparams.get("warmup_epochs") or 0.0
+        if warmup_epochs <= 0:
+            return 1.0
+        steps_per_epoch = self.trainer.num_training_batches / self.trainer.accumulate_grad_batches
+        warmup_steps = max(1, round(warmup_epochs * steps_per_epoch))
+        return min(1.0, (self.trainer.global_step + 1) / warmup_steps)
+
     def configure_optimizers(self):
         optimizer = self.optimizer_factory(self.parameters())
+        reference = self.hparams.get("lr_reference_batch_size")
+        if reference:
+            global_batch = self.global_batch_size()
+            base = optimizer.param_groups[0]["lr"]
+            for group in optimizer.param_groups:
+                group["lr"] = linear_scaled_lr(group["lr"], global_batch, reference)
+            rank_zero_info(
+                f"learning rate {optimizer.param_groups[0]['lr']:g} = {base:g} per {reference} images x global batch "
+                f"{global_batch} / {reference} (linear scaling, model.lr_reference_batch_size)"
+            )
         if self.lr_scheduler_factory is None:
             return optimizer
         scheduler = self.lr_scheduler_factory(optimizer)
@@ -100,3 +200,8 @@ class ImageClassifier(LightningModule):
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": self.hparams.lr_scheduler_interval},
         }
+
+
+def linear_scaled_lr(lr: float, global_batch: int, reference_batch: int | None) -> float:
+    """The linear scaling rule (Goyal et al. 2017): ``lr`` is per ``reference_batch`` images; None: unscaled."""
+    return lr * global_batch / reference_batch if reference_batch else lr

@@ -35,6 +35,18 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict
     )
 
 
+def fast_trainer(tmp_path, **kwargs):
+    """A real Trainer on CPU for a few batches, without logger, checkpoints or progress bar (override any argument)."""
+    from lightning.pytorch import Trainer
+
+    defaults = dict(
+        accelerator="cpu", devices=1, max_epochs=1, limit_train_batches=4, limit_val_batches=2, limit_test_batches=2,
+        limit_predict_batches=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, default_root_dir=tmp_path,
+    )  # fmt: skip
+    return Trainer(**{**defaults, **kwargs})
+
+
 def requires_cuda(n: int = 1):
     """Skip with a readable reason unless ``n`` CUDA devices exist."""
     have = torch.cuda.device_count()

@@ -82,7 +82,9 @@ def read_run(path: str | Path) -> OfflineRun:
     path = Path(path)
     if path.is_dir():
         path = next(path.glob("run-*.wandb"))
-    run = OfflineRun(path=path)
+    # the id is in the file name too (`run-<id>.wandb`, what `wandb sync` uploads): a job killed before wandb's
+    # writer flushed its run record still has it
+    run = OfflineRun(path=path, run_id=path.stem.removeprefix("run-"))
     for record in records(path):
         kind = record.WhichOneof("record_type")
         if kind == "run":

@@ -1,19 +1,11 @@
 """The classifier trained by a real Trainer on real MNIST for a few steps."""
 
 import torch
-from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch import seed_everything
 
 from datamodules import MNISTDataModule
 from modules import ImageClassifier
-
-
-def fast_trainer(tmp_path, **kwargs) -> Trainer:
-    defaults = dict(
-        accelerator="cpu", devices=1, max_epochs=1, limit_train_batches=30, limit_val_batches=5, limit_test_batches=5,
-        limit_predict_batches=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, default_root_dir=tmp_path,
-    )  # fmt: skip
-    return Trainer(**{**defaults, **kwargs})
+from tests.conftest import fast_trainer
 
 
 def test_fit_validate_test_predict(mnist_dir, tmp_path):
@@ -21,7 +13,7 @@ def test_fit_validate_test_predict(mnist_dir, tmp_path):
     dm = MNISTDataModule(data_dir=str(mnist_dir), batch_size=64)
     model = ImageClassifier(arch="mnist_cnn", num_classes=10, in_channels=1)
     before = [p.detach().clone() for p in model.parameters()]
-    trainer = fast_trainer(tmp_path)
+    trainer = fast_trainer(tmp_path, limit_train_batches=30, limit_val_batches=5, limit_test_batches=5)
     trainer.fit(model, dm)
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     metrics = trainer.callback_metrics

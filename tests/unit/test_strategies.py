@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch import seed_everything
 from lightning.pytorch.strategies import DDPStrategy
 
 from app.cli import main
@@ -15,15 +15,7 @@ from app.strategies.ddp_mp import balance, split_units
 from datamodules import MNISTDataModule
 from modules import ImageClassifier
 from modules.zoo import build
-
-
-def quiet_trainer(tmp_path, **kwargs) -> Trainer:
-    defaults = dict(
-        accelerator="cpu", devices=1, max_epochs=1, limit_train_batches=4, limit_val_batches=2, limit_test_batches=2,
-        limit_predict_batches=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, default_root_dir=tmp_path,
-    )  # fmt: skip
-    return Trainer(**{**defaults, **kwargs})
+from tests.conftest import fast_trainer
 
 
 @pytest.mark.parametrize(
@@ -39,7 +31,7 @@ def quiet_trainer(tmp_path, **kwargs) -> Trainer:
     ],
 )
 def test_strategy_names_select_the_app_strategies(name, cls, attributes, tmp_path):
-    trainer = quiet_trainer(tmp_path, strategy=name, devices=1 if name == "dp" else 2)
+    trainer = fast_trainer(tmp_path, strategy=name, devices=1 if name == "dp" else 2)
     assert type(trainer.strategy) is cls
     for key, value in attributes.items():
         assert getattr(trainer.strategy, key) == value
@@ -112,7 +104,7 @@ def test_dp_runs_fit_validate_test_predict_on_cpu_and_equals_single_device(mnist
     def train(strategy):
         seed_everything(7)
         model = ImageClassifier(arch="mnist_cnn", optimizer=lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9))
-        trainer = quiet_trainer(tmp_path, strategy=strategy)
+        trainer = fast_trainer(tmp_path, strategy=strategy)
         trainer.fit(model, MNISTDataModule(data_dir=str(mnist_dir), batch_size=32))
         return model, trainer
 
@@ -137,6 +129,6 @@ def test_dp_runs_fit_validate_test_predict_on_cpu_and_equals_single_device(mnist
 @pytest.mark.parametrize("variable", ["WORLD_SIZE", "SLURM_STEP_NUM_TASKS"])  # torchrun, srun --ntasks 2
 def test_dp_refuses_a_multi_process_launch(mnist_dir, tmp_path, monkeypatch, variable):
     monkeypatch.setenv(variable, "2")
-    trainer = quiet_trainer(tmp_path, strategy="dp")
+    trainer = fast_trainer(tmp_path, strategy="dp")
     with pytest.raises(RuntimeError, match="Use --trainer.strategy ddp"):
         trainer.fit(ImageClassifier(), MNISTDataModule(data_dir=str(mnist_dir), batch_size=32))

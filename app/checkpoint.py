@@ -2,8 +2,12 @@
 
 - :class:`AtomicCheckpointIO`: rank 0 (the strategy calls it there only; all ranks then wait at Lightning's barrier)
   streams the checkpoint into a temporary file next to the target, fsyncs it and ``os.replace``-s it over the target,
-  so a crash during a save never leaves a truncated ``last.ckpt``. Loading maps tensors to the calling rank's own
-  device and uses ``weights_only=True`` unless the checkpoint needs more.
+  so a crash during a save never leaves a truncated ``last.ckpt`` (a save killed midway leaves only a hidden
+  ``.last.ckpt.*.partial`` file, which nothing reads). Loading maps tensors to the calling rank's own device and uses
+  ``weights_only=True``: a checkpoint holding pickled Python objects (which could run code) is refused, unless the
+  user opts out with ``--trust_checkpoint true`` (``AtomicCheckpointIO(weights_only=False)``) for a file they trust.
+- :func:`read_checkpoint` and :func:`check_fits`: the CLI's checks of ``--ckpt_path`` before a run uses it (missing,
+  truncated, unsafe, another architecture), each a one-line message with the fix.
 - :class:`RNGState`: Lightning's checkpoints hold model, optimizer, schedulers, GradScaler, loops and callbacks but
   not the random generators, so shuffling and dropout after a resume would differ from an uninterrupted run. This
   callback stores every rank's generator states and restores them on resume.
@@ -12,9 +16,11 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import pickle
 import random
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -27,6 +33,8 @@ from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch import Callback
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_warn
+
+TRUST_FLAG = "--trust_checkpoint true"
 
 
 def own_device() -> torch.device:
@@ -44,6 +52,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     renames in the same folder, which is atomic on POSIX. Remote URLs (``s3://``...) are left to Lightning.
     """
 
+    def __init__(self, weights_only: bool = True) -> None:
+        """
+        Args:
+            weights_only: load with ``torch.load(weights_only=True)``, which refuses pickled Python objects (they
+                could run code). ``False`` trusts every checkpoint this run loads: only for legacy files you trust
+                (the CLI sets it with ``--trust_checkpoint true``).
+        """
+        super().__init__()
+        self.weights_only = weights_only
+
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
         if storage_options is not None or "://" in str(path):
             return super().save_checkpoint(checkpoint, path, storage_options)
@@ -60,6 +78,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise
+        # partial files of this target left by a process killed while saving (only this rank writes it)
+        for stale in path.parent.glob(f".{glob.escape(path.name)}.*.partial"):
+            with contextlib.suppress(OSError):
+                stale.unlink()
         with contextlib.suppress(OSError):  # make the rename itself durable (not possible on every filesystem)
             dir_fd = os.open(path.parent, os.O_RDONLY)
             try:
@@ -70,20 +92,118 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def load_checkpoint(self, path: _PATH, map_location: Any | None = None, weights_only: bool | None = None) -> dict:
         """Loads onto this rank's own device (never every rank onto GPU 0).
 
-        ``weights_only=None`` tries the safe loader first and falls back to full unpickling, with a warning, only
-        for checkpoints that hold arbitrary Python objects; ``True`` or ``False`` are obeyed as given.
+        ``weights_only=None`` (what the Trainer passes) means this plugin's ``weights_only``. A refused checkpoint
+        raises :class:`UnsafeCheckpointError` naming the opt-out; there is no silent fallback to full unpickling.
         """
         map_location = map_location if map_location is not None else own_device()
-        if weights_only is not None:
-            return pl_load(path, map_location=map_location, weights_only=weights_only)
+        weights_only = self.weights_only if weights_only is None else weights_only
         try:
-            return pl_load(path, map_location=map_location, weights_only=True)
+            return pl_load(path, map_location=map_location, weights_only=weights_only)
         except pickle.UnpicklingError as err:
-            rank_zero_warn(
-                f"{path} holds objects that the safe loader refuses ({str(err).splitlines()[0][:200]}); loading it "
-                "with weights_only=False. Only do this with checkpoints you trust."
-            )
-            return pl_load(path, map_location=map_location, weights_only=False)
+            if not weights_only or not _refused(err):
+                raise
+            raise UnsafeCheckpointError(refusal(path, err)) from err
+
+
+class UnsafeCheckpointError(pickle.UnpicklingError):
+    """The checkpoint holds pickled Python objects and this run does not trust checkpoints."""
+
+
+class CheckpointError(SystemExit):
+    """A ``--ckpt_path`` the run cannot use; raised before anything is built, written or overwritten."""
+
+
+def _refused(err: BaseException) -> bool:
+    return "Weights only load failed" in str(err) or "Unsupported global" in str(err)
+
+
+def refusal(path: _PATH, err: BaseException) -> str:
+    """Why the safe loader refused ``path`` (naming the pickled global it met) and the opt-out."""
+    found = re.search(r"GLOBAL ([\w.]+)", str(err))
+    what = f"a pickled Python object ({found.group(1)})" if found else "pickled Python objects"
+    return (
+        f"{path} holds {what} that could run code when loaded, so it was refused (checkpoints are loaded with "
+        f"weights_only=True). Fix: only if you trust where this file comes from, pass {TRUST_FLAG}; otherwise "
+        "do not use it."
+    )
+
+
+def read_checkpoint(path: _PATH, trust: bool = False) -> dict:
+    """``path`` loaded on the CPU and memory-mapped (tensors are not read), to check it before a run uses it.
+
+    Raises:
+        CheckpointError: the file is missing, truncated or corrupt, or refused by the safe loader; the message is one
+            line naming the file, the cause and the fix.
+    """
+    flag = f"error: --ckpt_path {path}"
+    if not Path(path).is_file():
+        raise CheckpointError(
+            f"{flag}: no such file. Fix: check the path; `--ckpt_path last` resumes the newest last.ckpt under "
+            "--trainer.default_root_dir; leave --ckpt_path out to start from scratch."
+        )
+    try:
+        try:
+            return torch.load(path, map_location="cpu", mmap=True, weights_only=not trust)
+        except RuntimeError as err:  # files in torch's legacy (non-zip) format cannot be memory-mapped
+            if "mmap" not in str(err):
+                raise
+            return torch.load(path, map_location="cpu", weights_only=not trust)
+    except pickle.UnpicklingError as err:
+        if not trust and _refused(err):
+            raise CheckpointError(f"error: --ckpt_path {refusal(path, err)}") from None
+        cause = err
+    except Exception as err:  # zip/pickle/OS errors: a truncated copy, an interrupted download, another format
+        cause = err
+    torch_says = (str(cause).strip().splitlines() or [type(cause).__name__])[0].split(". ")[0][:160]
+    raise CheckpointError(
+        f"{flag}: not a readable checkpoint; it is truncated or corrupt ({type(cause).__name__}: {torch_says}). "
+        "Fix: use an intact copy or an earlier checkpoint of the run, or leave --ckpt_path out to start from scratch."
+    )
+
+
+def _arch(checkpoint: dict) -> str | None:
+    return (checkpoint.get("hyper_parameters") or {}).get("arch")
+
+
+def check_arch(checkpoint: dict, path: _PATH, arch: str | None) -> None:
+    """Stops when the checkpoint's network (``model.arch`` in its hyperparameters) is not the one configured.
+
+    LightningCLI would silently replace the configured ``model.arch`` by the checkpoint's; a run that asked for
+    another network must say so instead.
+    """
+    saved = _arch(checkpoint)
+    if saved is not None and arch is not None and saved != arch:
+        raise CheckpointError(
+            f"error: --ckpt_path {path} holds a {saved} network (model.arch in the checkpoint) but this run asks for "
+            f"model.arch={arch}. Fix: --model.arch {saved} to continue that model, or leave --ckpt_path out to "
+            f"train {arch} from scratch."
+        )
+
+
+def check_fits(checkpoint: dict, path: _PATH, model: torch.nn.Module, arch: str | None = None) -> None:
+    """Stops when the checkpoint's weights do not fit ``model`` (other network, classes or input channels),
+    before the Trainer's ``load_state_dict`` would fail with a wall of missing keys and size mismatches."""
+    saved = checkpoint.get("state_dict")
+    if not isinstance(saved, dict):
+        return
+    mine = model.state_dict()
+    missing = [k for k in mine if k not in saved]
+    unexpected = [k for k in saved if k not in mine]
+    wrong = [k for k in mine if k in saved and tuple(saved[k].shape) != tuple(mine[k].shape)]
+    if not (missing or unexpected or wrong):
+        return
+    example = (
+        f"{wrong[0]} is {list(saved[wrong[0]].shape)} there, {list(mine[wrong[0]].shape)} here"
+        if wrong
+        else f"{(missing or unexpected)[0]} is {'missing there' if missing else 'unknown here'}"
+    )
+    saved_arch = _arch(checkpoint) or "unknown"
+    raise CheckpointError(
+        f"error: --ckpt_path {path} does not fit this model (model.arch={arch}): it was trained as {saved_arch} and "
+        f"{len(wrong)} weight shapes differ, {len(missing)} are missing, {len(unexpected)} unknown (e.g. {example}). "
+        "Fix: run with the settings it was trained with (model.arch and the same data: classes and channels), "
+        "or leave --ckpt_path out to start from scratch."
+    )
 
 
 def _local_rng_state() -> dict[str, Any]:

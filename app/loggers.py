@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import netrc
 import os
+import pickle
 import platform
 import re
 import sys
@@ -244,11 +245,15 @@ def resumed_checkpoint(ckpt_path: str | None, root: Path) -> Path | None:
 
 def read_identity(checkpoint: Path) -> dict[str, Any]:
     """The run identity :class:`TrackingConfigCallback` stored in ``checkpoint`` (empty when there is none)."""
-    # mmap: the tensors are not read; weights_only=False because Lightning is about to load this same file anyway
+    # mmap: the tensors are not read. weights_only=True: SLURM's hpc_ckpt is found here before any other check, and
+    # a file with pickled objects must not run code; the Trainer's load then refuses it with the opt-out named.
     try:
-        state = torch.load(checkpoint, map_location="cpu", mmap=True, weights_only=False)
-    except RuntimeError:  # a checkpoint in torch's legacy (non-zip) format cannot be memory-mapped
-        state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+        try:
+            state = torch.load(checkpoint, map_location="cpu", mmap=True, weights_only=True)
+        except RuntimeError:  # a checkpoint in torch's legacy (non-zip) format cannot be memory-mapped
+            state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        return {}
     return dict(state.get("callbacks", {}).get(TrackingConfigCallback.__qualname__, {}))
 
 

@@ -173,6 +173,12 @@ class ImageNetDataModule(ImageDataModule):
 
     def _folder(self, split: str, train: bool) -> ImageFolderChecked:
         root = self.data_dir / split
+        if not self.data_dir.is_dir():
+            raise ImageNetDataError(
+                f"data.data_dir {self.data_dir.resolve()} does not exist. Fix: --data.data_dir <the folder holding "
+                "train/<class>/<image> and val/<class>/<image>> (`python -m datamodules.imagenet_val --help` "
+                "arranges the official flat val folder), or --data.synthetic true to run without data."
+            )
         if not root.is_dir():
             raise ImageNetDataError(
                 f"{root.resolve()} does not exist. data.data_dir must hold train/<class>/<image> and "
@@ -183,7 +189,11 @@ class ImageNetDataModule(ImageDataModule):
         try:
             dataset = ImageFolderChecked(root, transform, skip_unreadable=self.hparams.skip_unreadable)
         except FileNotFoundError as err:  # ImageFolder: no class folder or no image in one
-            raise ImageNetDataError(f"{root.resolve()}: {err}. Each class needs a folder with its images.") from err
+            said = str(err).rstrip(".")
+            said = said if str(root) in said else f"{root.resolve()}: {said}"  # "no valid file" names no folder
+            raise ImageNetDataError(
+                f"{said}. Each class needs a folder with its images, {split}/<class>/<image> (ImageFolder layout)."
+            ) from err
         if len(dataset.classes) != self.num_classes:
             raise ImageNetDataError(
                 f"{root.resolve()} has {len(dataset.classes)} class folders but the model is built for "

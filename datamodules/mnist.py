@@ -102,7 +102,7 @@ def ensure_mnist(data_dir: str | Path) -> Path:
         try:
             fetch(raw_dir)
         except Exception as err:  # any failure here means: try the next source
-            tried.append(f"  - {label}: {type(err).__name__}: {err}".splitlines()[0][:300])
+            tried.append(f"  - {label}: {type(err).__name__}: {' '.join(str(err).split())}"[:300])
             continue
         if all(find_file(data_dir, n) for n in FILES):
             log.info("MNIST obtained from %s into %s", label, raw_dir)
@@ -126,7 +126,10 @@ def load_split(data_dir: str | Path, train: bool) -> tuple[torch.Tensor, torch.T
         name = f"{prefix}-{kind}-idx{3 if kind == 'images' else 1}-ubyte"
         path = find_file(Path(data_dir), name)
         if path is None:
-            raise MNISTDataError(f"{name} is missing from {data_dir}; run `python cli.py fit` once to fetch MNIST.")
+            raise MNISTDataError(
+                f"MNIST file {name} is not in {Path(data_dir).resolve()} (nor its MNIST/raw). Fix: --data.download "
+                "true fetches it (the default), or point --data.data_dir at a folder holding the four MNIST files."
+            )
         tensors.append(read_idx(path, *FILES[name]))
     images, labels = tensors
     return ((images.float() / 255.0 - MEAN) / STD).unsqueeze(1), labels.long()

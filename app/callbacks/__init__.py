@@ -4,9 +4,23 @@ Checkpoint I/O and the RNG state needed for exact resumption live in :mod:`app.c
 """
 
 from app.callbacks.amp import AMPHealth, NonFiniteLossError
+from app.callbacks.lost_rank import LostRank, LostRankError
+from app.callbacks.lr_monitor import LearningRateMonitor
 from app.callbacks.requeue import SLURMRequeue
+from app.callbacks.sigterm import SIGTERMCheckpoint
 from app.callbacks.stop_at_accuracy import StopAtAccuracy
 from app.callbacks.summary import TrainingSummary
 from app.callbacks.throughput import Throughput
 
-__all__ = ["AMPHealth", "NonFiniteLossError", "SLURMRequeue", "StopAtAccuracy", "Throughput", "TrainingSummary"]
+__all__ = [
+    "AMPHealth",
+    "LearningRateMonitor",
+    "LostRank",
+    "LostRankError",
+    "NonFiniteLossError",
+    "SIGTERMCheckpoint",
+    "SLURMRequeue",
+    "StopAtAccuracy",
+    "Throughput",
+    "TrainingSummary",
+]

@@ -14,6 +14,8 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
+from app.callbacks import agree
+
 
 class NonFiniteLossError(RuntimeError):
     """Raised on every rank when the loss stayed NaN/inf for too many consecutive steps."""
@@ -113,7 +115,7 @@ class AMPHealth(Callback):
         loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
         local_bad = loss is not None and not bool(torch.isfinite(loss.detach()).all())
         # One rank alone must never stop: the others would wait for it in the next collective forever.
-        bad = trainer.strategy.reduce_boolean_decision(local_bad, all=False)
+        bad = agree.any_rank(trainer, "nonfinite_loss", local_bad)
         if not bad:
             self._nonfinite_run = []
             return

@@ -7,6 +7,8 @@ import signal
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
+from app.callbacks import agree
+
 
 class SLURMRequeue(Callback):
     """Saves the ``hpc_ckpt`` and requeues the job after SIGUSR1, at the next training step boundary.
@@ -14,7 +16,8 @@ class SLURMRequeue(Callback):
     Lightning's own handler saves the checkpoint inside the signal handler, wherever each rank happens to be. Under DDP
     one rank then enters the checkpoint's collectives while another waits in backward's all-reduce, and the job hangs
     until the process-group timeout (seen here; Lightning#21406). So this handler only records the signal; after each
-    training batch the ranks agree whether any of them got it (one tiny all-reduce), and then all of them run
+    training batch the ranks agree whether any of them got it (``app.callbacks.agree``: one tiny all-reduce per step
+    for all such checks), and then all of them run
     Lightning's own routine together: finalize the loggers, write ``hpc_ckpt_N.ckpt``, and rank 0 calls
     ``scontrol requeue``. The requeued job resumes from that checkpoint as before. Does nothing outside SLURM.
     """
@@ -32,6 +35,7 @@ class SLURMRequeue(Callback):
         # Installed before the Trainer registers its handlers: Lightning keeps an existing handler for this signal
         # instead of adding its own (_SignalConnector.register_signal_handlers).
         self._previous = signal.signal(self._signum, self._record)
+        agree.watch("slurm_requeue", lambda: self._requested)
 
     def _record(self, signum, frame) -> None:
         self._requested = True
@@ -39,11 +43,12 @@ class SLURMRequeue(Callback):
     def on_train_batch_end(self, trainer: Trainer, *args) -> None:
         if self._signum is None:
             return
-        if trainer.strategy.reduce_boolean_decision(self._requested, all=False):
+        if agree.any_rank(trainer, "slurm_requeue", self._requested):
             self._requested = False
             trainer._signal_connector._slurm_sigusr_handler_fn(self._signum, None)
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if self._signum is not None:
             signal.signal(self._signum, self._previous or signal.SIG_DFL)
+            agree.unwatch("slurm_requeue")
             self._signum = None

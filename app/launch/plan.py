@@ -12,6 +12,7 @@ import contextlib
 import os
 import re
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -26,7 +27,7 @@ NODES_FLAG = {"slurm": "--nodes", "torchrun": "--nnodes"}
 
 
 class PreflightError(SystemExit):
-    """The launcher and the config disagree; raised on every rank before the Trainer is built."""
+    """The config cannot run as given (launcher, machine, names, numbers); raised on every rank before the Trainer."""
 
 
 def _get(node: Any, *keys: str, default: Any = None) -> Any:
@@ -69,9 +70,11 @@ def strategy_name(strategy: Any) -> str:
     class_path = _get(strategy, "class_path") or type(strategy).__name__
     from lightning.pytorch.strategies import StrategyRegistry
 
+    module, _, qualname = str(class_path).rpartition(".")
     for name, entry in StrategyRegistry.items():
         cls = entry["strategy"]
-        if f"{cls.__module__}.{cls.__qualname__}" == class_path and not entry["init_params"]:
+        # the config may name the class where its package exports it: app.strategies.DDPModelParallelStrategy
+        if cls.__qualname__ == qualname and cls.__module__.startswith(module) and not entry["init_params"]:
             return name
     return class_path
 
@@ -260,7 +263,7 @@ def build(config: Any, launch: Launch | None = None, timeout: float | None = Non
     resume = config.get("ckpt_path")
     if resume is None and launch.launcher == "slurm" and (hpc := hpc_checkpoint(root)) is not None:
         resume = f"hpc: {hpc} (Lightning resumes from it automatically under SLURM)"
-    return Plan(
+    plan = Plan(
         launch=launch,
         strategy=strategy_name(trainer.get("strategy") or "auto"),
         accelerator=accelerator,
@@ -276,6 +279,8 @@ def build(config: Any, launch: Launch | None = None, timeout: float | None = Non
         timeout=timeout,
         accumulate=int(trainer.get("accumulate_grad_batches") or 1),
     ).check()
+    plan.problems += config_problems(config)
+    return plan
 
 
 def preflight(config: Any, timeout: float | None = None, echo: bool = True) -> Plan:
@@ -284,14 +289,127 @@ def preflight(config: Any, timeout: float | None = None, echo: bool = True) -> P
     plan = _last_plan = build(config, timeout=timeout)
     from lightning.pytorch.utilities import rank_zero_info
 
+    plan.problems += machine_problems(plan, config)
     if echo:
         rank_zero_info(plan.render())
     if plan.problems:
         raise PreflightError(
-            "preflight: the launcher and the config disagree; nothing was started.\n"
+            "error: preflight: this run cannot start as configured; nothing was started.\n"
             + "\n".join(f"  - {problem}" for problem in plan.problems)
         )
     return plan
+
+
+def config_problems(config: Any) -> list[str]:
+    """Names and numbers in the config that cannot work on any machine, each with its fix (checked at submit, too)."""
+    from lightning.pytorch.accelerators import AcceleratorRegistry
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    from app.errors import did_you_mean
+
+    problems, trainer = [], config.trainer
+    strategy = trainer.get("strategy")
+    names = ["auto", *StrategyRegistry.available_strategies()]
+    if isinstance(strategy, str) and strategy.lower() not in names:
+        hint = did_you_mean(strategy, names)
+        names = [n for n in names if "find_unused" not in n and not re.search("deepspeed|fsdp|xla|tpu", n)]
+        problems.append(
+            f"trainer.strategy {strategy!r} is not a registered strategy{hint}. Fix: one of {', '.join(names)} "
+            "(or a Strategy class_path; the app's modes are in the README)."
+        )
+    accelerator = trainer.get("accelerator")
+    accelerators = ["auto", "gpu", *sorted(AcceleratorRegistry.available_accelerators())]
+    if isinstance(accelerator, str) and accelerator.lower() not in accelerators:
+        problems.append(
+            f"trainer.accelerator {accelerator!r} is unknown{did_you_mean(accelerator, accelerators)}. "
+            f"Fix: one of {', '.join(accelerators)}."
+        )
+    for key in ("batch_size", "global_batch_size"):
+        value = _get(config, "data", key)
+        if isinstance(value, int) and value <= 0:
+            problems.append(
+                f"data.{key}={value}: a batch is a positive number of images. Fix: e.g. --data.{key} "
+                f"{64 if key == 'batch_size' else 256}."
+            )
+    devices = trainer.get("devices")
+    if isinstance(devices, int) and (devices == 0 or devices < -1):
+        problems.append(f"trainer.devices={devices}: give a positive count, a list of indices, or auto.")
+    return problems
+
+
+def _unwritable(folder: str | Path) -> str | None:
+    """Why nothing can be written under ``folder`` (created if missing), or None. Leaves no file behind."""
+    path = Path(folder).resolve()
+    existing = next((p for p in (path, *path.parents) if p.exists()), Path("/"))
+    if not existing.is_dir():
+        return f"{existing} is a file, not a folder"
+    try:  # a real write: permission bits say nothing for root, nor about read-only mounts
+        tempfile.TemporaryDirectory(dir=existing, prefix=".preflight-").cleanup()
+    except OSError as err:
+        return f"cannot create anything in {existing}: {err.strerror or err}"
+    return None
+
+
+def machine_problems(plan: Plan, config: Any, cuda_devices: int | None = None) -> list[str]:
+    """What this machine cannot do that the config asks for (GPUs, writable folders); fills ``plan.notes`` too.
+
+    Checked where the run starts (not when a SLURM job is rendered on a login node). ``cuda_devices`` defaults to
+    ``torch.cuda.device_count()``.
+    """
+    import torch
+
+    problems: list[str] = []
+    have = torch.cuda.device_count() if cuda_devices is None else cuda_devices
+    accelerator = plan.accelerator.lower()
+    strategy = config.trainer.get("strategy")
+    per_process = int(_get(strategy, "devices_per_process", default=2)) if plan.strategy == "ddp_mp" else 1
+    on_gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and have > 0)
+    devices = config.trainer.get("devices")
+    indices = devices if isinstance(devices, (list, tuple)) else str(devices).split(",") if "," in str(devices) else []
+    indices = [int(d) for d in indices if str(d).strip().isdigit()]  # "0,3" / [0, 3]: GPUs 0 and 3 -> 4 must exist
+    need = (max(indices) + 1) if indices else (plan.devices or 1)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""
+    if on_gpu and per_process == 1 and need > have:  # "auto" means the GPUs when there are some
+        fix = f"--trainer.devices {have}, or " if have else ""
+        problems.append(
+            f"trainer.accelerator {plan.accelerator} asks for {need} GPU(s) per node but this machine has {have}"
+            f"{visible}. Fix: {fix}--trainer.accelerator cpu (or auto: a GPU when there is one, else the CPU)."
+        )
+    elif on_gpu and per_process > 1 and (processes := plan.devices or have) * per_process > have:
+        fit = have // per_process
+        fix = f"--trainer.devices {fit}" if fit else "--trainer.accelerator cpu"
+        problems.append(
+            f"ddp_mp: trainer.devices counts processes, and {processes} process(es) x devices_per_process "
+            f"{per_process} = {processes * per_process} GPUs per node, but this machine has {have}{visible}. "
+            f"Fix: {fix} (GPUs / devices_per_process), or a smaller strategy.init_args.devices_per_process."
+        )
+    elif on_gpu and per_process > 1 and have % per_process:
+        plan.notes.append(f"ddp_mp: {have} GPUs do not divide by devices_per_process {per_process}; some stay idle.")
+    if plan.precision in ("16-mixed", "16") and not on_gpu:
+        # Lightning would warn and quietly train bf16-mixed: not what was asked for, so it stops here
+        problems.append(
+            f"precision {plan.precision} (fp16 AMP with loss scaling) needs a CUDA GPU; this run is on the CPU. "
+            "Fix: --trainer.precision bf16-mixed (bfloat16 autocast, works on CPUs), or run on a GPU."
+        )
+    folders = {str(plan.root_dir): "trainer.default_root_dir"}  # folder -> the config key that names it
+    loggers = config.trainer.get("logger")
+    for logger in loggers if isinstance(loggers, list) else [loggers]:
+        if (save_dir := _get(logger, "save_dir")) is not None:
+            name = str(_get(logger, "class_path", default="logger")).rsplit(".", 1)[-1]
+            folders.setdefault(str(Path(save_dir).resolve()), f"the {name}'s save_dir")
+    for callback in config.trainer.get("callbacks") or []:
+        if (dirpath := _get(callback, "dirpath")) is not None:
+            name = str(_get(callback, "class_path", default="callback")).rsplit(".", 1)[-1]
+            folders.setdefault(str(Path(dirpath).resolve()), f"the {name}'s dirpath")
+    for folder, what in folders.items():
+        if reason := _unwritable(folder):
+            fix = "--trainer.default_root_dir" if what.startswith("trainer") else f"{what} set to"
+            problems.append(
+                f"{what} {folder} is not writable ({reason}), so no log or checkpoint could be saved. "
+                f"Fix: {fix} a folder you can write to."
+            )
+    return problems
 
 
 def apply_timeout(strategy: Any, seconds: float | None) -> None:

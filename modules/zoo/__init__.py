@@ -47,16 +47,27 @@ def _adapt_input_channels(net: nn.Module, in_channels: int) -> None:
             return
 
 
+class UnknownArchError(ValueError):
+    """``model.arch`` names no network; the message suggests the closest names and lists all."""
+
+
 def build(arch: str, num_classes: int, in_channels: int = 3, **kwargs) -> nn.Module:
     """Builds network ``arch`` for ``num_classes`` outputs and ``in_channels`` input channels.
 
     Raises:
-        ValueError: the name is unknown; the message lists the valid names.
+        UnknownArchError: the name is unknown; the message suggests the closest and lists the valid names.
     """
     if arch in FACTORIES:
         return FACTORIES[arch](num_classes=num_classes, in_channels=in_channels, **kwargs)
     if arch not in torchvision.models.list_models(module=torchvision.models):
-        raise ValueError(f"Unknown model.arch {arch!r}. Valid names: {', '.join(available())}")
+        import difflib
+
+        near = difflib.get_close_matches(arch, available(), n=3, cutoff=0.6)
+        raise UnknownArchError(
+            f"Unknown model.arch {arch!r}. Fix: --model.arch {near[0] if near else 'mnist_cnn'}"
+            + (f" (closest: {', '.join(near)})" if near else "")
+            + f". Valid names: {', '.join(available())}"
+        )
     net = torchvision.models.get_model(arch, num_classes=num_classes, **kwargs)
     if in_channels != 3:
         _adapt_input_channels(net, in_channels)

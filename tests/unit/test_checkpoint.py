@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from app.checkpoint import AtomicCheckpointIO, RNGState
+from app.checkpoint import AtomicCheckpointIO, RNGState, UnsafeCheckpointError
 from app.cli import main
 from datamodules import MNISTDataModule
 from modules import ImageClassifier
@@ -66,13 +66,13 @@ class Custom:
         self.value = 3
 
 
-def test_unsafe_checkpoint_falls_back_with_a_warning_unless_weights_only_is_forced(tmp_path):
+def test_unsafe_checkpoint_is_refused_unless_weights_only_is_off(tmp_path):
     io = AtomicCheckpointIO()
     io.save_checkpoint({"obj": Custom()}, tmp_path / "c.ckpt")
-    with pytest.warns(UserWarning, match="weights_only=False. Only do this with checkpoints you trust"):
-        assert io.load_checkpoint(tmp_path / "c.ckpt")["obj"].value == 3
-    with pytest.raises(Exception, match="Weights only load failed"):
-        io.load_checkpoint(tmp_path / "c.ckpt", weights_only=True)
+    with pytest.raises(UnsafeCheckpointError, match="Custom.*--trust_checkpoint true"):  # no silent fallback
+        io.load_checkpoint(tmp_path / "c.ckpt")
+    assert io.load_checkpoint(tmp_path / "c.ckpt", weights_only=False)["obj"].value == 3
+    assert AtomicCheckpointIO(weights_only=False).load_checkpoint(tmp_path / "c.ckpt")["obj"].value == 3
 
 
 def test_default_config_uses_atomic_io_and_rng_state(tmp_path):

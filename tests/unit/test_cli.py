@@ -62,3 +62,14 @@ def test_typo_in_a_key_is_an_error(tmp_path, capsys):
         instantiate("--trainer.max_epoch", "3", tmp_path=tmp_path)
     assert exit_info.value.code != 0
     assert "max_epoch" in capsys.readouterr().err
+
+
+def test_logging_off_still_trains_with_the_default_callbacks(mnist_dir, tmp_path):
+    """``--trainer.logger false`` is a valid choice: the default LR monitor must not stop the run."""
+    cli = main(
+        ["fit", "--trainer.logger", "false", "--trainer.accelerator", "cpu", "--trainer.max_epochs", "1",
+         "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "1", "--data.data_dir", str(mnist_dir),
+         "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_progress_bar", "false"]
+    )  # fmt: skip
+    assert cli.trainer.global_step == 3 and not cli.trainer.loggers
+    assert list(tmp_path.rglob("last.ckpt"))

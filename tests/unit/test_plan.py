@@ -43,7 +43,8 @@ def test_consistent_slurm_job_has_no_problem_and_maps_ranks_to_hosts(config_of):
     text = plan.render()
     assert "SLURM, job 4242" in text and "2 node(s) x 4 process(es) = world size 8" in text
     assert "node 1 gpu08: ranks 4-7 -> cuda:0-3" in text
-    assert "64 per device, global 512" in text and "lr           1.0" in text
+    batch, lr = config.data.init_args.batch_size, config.model.optimizer.init_args.lr  # the default config's
+    assert f"{batch} per device, global {8 * batch}" in text and f"lr           {lr}" in text
 
 
 def test_imagenet_recipe_plan_states_the_linearly_scaled_lr(config_of):

@@ -21,22 +21,27 @@ EXPECTED = {
     "bf16_mixed": ("bf16-mixed", torch.float32),
     "bf16_true": ("bf16-true", torch.bfloat16),
     "fp16_true": ("16-true", torch.float16),
-    "fp16_mixed": ("bf16-mixed", torch.float32),  # no fp16 AMP on CPU: Lightning says so and uses bf16
 }
+# fp16_mixed needs CUDA: on the CPU the preflight stops it (test_fp16_mixed_on_cpu_stops_with_the_fix)
 
 
 def test_every_fragment_is_covered():
-    assert sorted(p.stem for p in CONFIGS.glob("*.yaml")) == sorted(EXPECTED)
+    assert sorted(p.stem for p in CONFIGS.glob("*.yaml")) == sorted([*EXPECTED, "fp16_mixed"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")
+def test_fp16_mixed_on_cpu_stops_with_the_fix(mnist_dir, tmp_path, capsys):
+    args = ["--config", str(CONFIGS / "fp16_mixed.yaml"), *FAST, "--data.data_dir", str(mnist_dir)]
+    with pytest.raises(SystemExit) as exc:
+        main([*args, "--trainer.default_root_dir", str(tmp_path)], run=False)
+    message = str(exc.value.code) + capsys.readouterr().err
+    assert "16-mixed" in message and "needs a CUDA GPU" in message and "--trainer.precision bf16-mixed" in message
 
 
 @pytest.mark.parametrize("fragment", sorted(EXPECTED))
 def test_fragment_trains_on_cpu(fragment, mnist_dir, tmp_path):
     args = ["--config", str(CONFIGS / f"{fragment}.yaml"), *FAST, "--data.data_dir", str(mnist_dir)]
-    if fragment == "fp16_mixed":
-        with pytest.warns(UserWarning, match=r"AMP with fp16 is not supported on CPU. Using `precision='bf16-mixed'`"):
-            cli = main([*args, "--trainer.default_root_dir", str(tmp_path)], run=False)
-    else:
-        cli = main([*args, "--trainer.default_root_dir", str(tmp_path)], run=False)
+    cli = main([*args, "--trainer.default_root_dir", str(tmp_path)], run=False)
     precision, dtype = EXPECTED[fragment]
     assert cli.trainer.precision == precision
     before = [p.detach().clone() for p in cli.model.parameters()]

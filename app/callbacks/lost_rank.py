@@ -1,0 +1,92 @@
+"""When a collective fails because a rank died, the survivors say which rank was lost and exit."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+import torch.distributed as dist
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+# what gloo (and c10d around it) says when the other end of a collective is gone or silent
+PEER_GONE = re.compile(r"closed by peer|reset by peer|broken pipe|timed out|timeout|connection refused", re.IGNORECASE)
+
+
+def torch_message(exception: BaseException) -> str:
+    """The first sentence of torch's message, without gloo's source location: ``Read error [10.0.0.7]:41234: ...``."""
+    first = (str(exception).strip().splitlines() or [type(exception).__name__])[0]
+    return re.sub(r"^\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", first).split(". ")[0][:240]
+
+
+class LostRankError(SystemExit):
+    """A rank of the job died or stopped answering; raised on the survivors with a one-line message."""
+
+
+class LostRank(Callback):
+    """Turns "Connection closed by peer [10.0.0.7]:41234" into "lost rank 1 of 2", then ends this rank.
+
+    torch reports a dead peer only by its socket address, or as a collective timeout naming nobody. On such an
+    error every surviving rank checks in at the job's rendezvous store (a separate TCP service, still up unless its
+    host died) and waits ``roll_call_s`` seconds for the others: the ranks that do not check in are the lost ones.
+    When the store itself is gone, its host (rank 0, or the torchrun agent) is the one lost; under Lightning's own
+    launcher, rank 0 started the other local ranks and reads their exit status directly. The rank then exits
+    with status 1 and that message instead of a traceback, after finalizing its loggers; nothing is left waiting.
+
+    With NCCL a dead peer usually makes the survivors block until the process-group timeout (``--launch.timeout``),
+    after which torch's watchdog ends the process itself; this callback reports whatever reaches Python.
+    """
+
+    def __init__(self, roll_call_s: float = 5.0) -> None:
+        self.roll_call_s = roll_call_s
+        self._failures = 0
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        if not (dist.is_available() and dist.is_initialized() and trainer.world_size > 1):
+            return
+        if isinstance(exception, SystemExit) or not PEER_GONE.search(str(exception)):
+            return
+        rank, world = trainer.global_rank, trainer.world_size
+        self._failures += 1
+        lost, how = self._dead_children(trainer) or self._roll_call(rank, world)
+        torch_says = torch_message(exception)
+        names = ", ".join(map(str, lost)) if lost else "unknown"
+        for logger in trainer.loggers:
+            logger.finalize("failed")
+        # raised here, ending the process: the rest of Lightning's teardown would only touch the broken process group
+        raise LostRankError(
+            f"error: lost rank {names} of {world} ({how}); rank {rank} stops too. torch: {torch_says}. "
+            "Fix: look at the lost rank's log and exit status (out of memory? killed by the scheduler? node down?), "
+            "then resume the job with `--ckpt_path last`."
+        )
+
+    @staticmethod
+    def _dead_children(trainer: Trainer) -> tuple[list[int], str] | None:
+        """Under Lightning's own launcher, rank 0 started the other local ranks and sees how they ended."""
+        procs = getattr(trainer.strategy.launcher, "procs", None) or []
+        dead = {i + 1: p.poll() for i, p in enumerate(procs) if p.poll() not in (None, 0)}
+        if not dead:
+            return None
+        codes = ", ".join(f"rank {r} pid {procs[r - 1].pid} exit {code}" for r, code in dead.items())
+        return list(dead), f"{codes}; a negative exit is the signal that ended it, -9 = SIGKILL, e.g. the OOM killer"
+
+    def _roll_call(self, rank: int, world: int) -> tuple[list[int], str]:
+        prefix = f"app/lost_rank/{self._failures}"
+        try:
+            store = dist.distributed_c10d._get_default_store()  # private, but the only handle on the job's store
+            store.set(f"{prefix}/{rank}", str(os.getpid()))
+            deadline = time.monotonic() + self.roll_call_s
+            while True:
+                missing = [r for r in range(world) if not store.check([f"{prefix}/{r}"])]
+                if not missing or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+        except Exception:  # the store's host is gone: torch's own store under Lightning's launcher is rank 0's
+            where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+            agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+            if agent:
+                return [], f"the rendezvous store at {where} (the torchrun agent) no longer answers"
+            return [0], f"its process hosted the rendezvous store at {where}, which no longer answers"
+        if not missing:
+            return [], "every rank answered the roll call, so the failure was in the network between them"
+        return missing, f"no answer within {self.roll_call_s:g} s after the collective failed: died or hangs"

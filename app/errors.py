@@ -1,0 +1,91 @@
+"""User mistakes become one short ``error: ...`` line naming the cause and the fix, and a non-zero exit status
+without a traceback; bugs keep their traceback.
+
+Raise :class:`UserError` where a mistake is detected (or add the exception type to ``app.cli.USER_ERRORS``);
+:func:`app.cli.main` prints it and exits 1, or 2 (argparse's status) for a command line or config that does not
+parse. Parser errors are reworded here because jsonargparse's are long (the whole usage text, the union's
+subtypes) and never suggest the option the user meant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import re
+from collections.abc import Iterable
+
+
+class UserError(Exception):
+    """A mistake the user fixes (config, data, machine); the message says the cause and the fix."""
+
+    exit_code = 1
+
+
+class UsageError(UserError):
+    """The command line or a config file does not parse (unknown option, invalid value)."""
+
+    exit_code = 2  # argparse's status for usage errors
+
+
+def closest(word: str, choices: Iterable[str], n: int = 1) -> list[str]:
+    """The ``n`` choices most similar to ``word`` (difflib), best first; empty when none is close."""
+    return difflib.get_close_matches(word, list(choices), n=n, cutoff=0.6)
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`` (did you mean X?)`` for the closest choice, or an empty string."""
+    match = closest(word, choices)
+    return f" (did you mean {match[0]}?)" if match else ""
+
+
+def one_line(err: BaseException) -> str:
+    """The message of ``err``; for an error re-raised from a DataLoader worker, the worker's own message only."""
+    text = str(err).strip()
+    if "Original Traceback" in text:  # torch's ExceptionWrapper: "Caught X in DataLoader worker..." + the traceback
+        last = text.splitlines()[-1]
+        text = last.split(": ", 1)[1] if re.match(r"^[\w.]+(Error|Exception): ", last) else last
+    return text
+
+
+def parser_options(parser: argparse.ArgumentParser) -> set[str]:
+    """Every ``--option`` of ``parser`` and of its subcommands' parsers."""
+    options: set[str] = set()
+    for action in parser._actions:
+        options.update(s for s in action.option_strings if s.startswith("--"))
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                options |= parser_options(sub)
+    return options
+
+
+def explain_parser_error(message: str, options: Iterable[str], prog: str = "python cli.py") -> str:
+    """jsonargparse's error ``message`` as one line, with the closest valid option or value."""
+    options = sorted(options)
+    help_hint = f"All options: `{prog} fit --help`."
+    if match := re.match(r"unrecognized arguments: (.*)", message):
+        unknown = [t.split("=")[0] for t in match.group(1).split() if t.startswith("--")] or [match.group(1)]
+        hints = ", ".join(f"{u}{did_you_mean(u, options)}" for u in unknown)
+        return f"unknown option {hints}. {help_hint}"
+    if match := re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message):
+        choices = re.findall(r"'([^']*)'", match.group(2))
+        hint = did_you_mean(match.group(1), choices)
+        return f"unknown subcommand {match.group(1)!r}{hint}; one of {', '.join(choices)}, e.g. `{prog} fit`."
+    if match := re.search(r"(Group|Subcommand) '([\w.]+)' does not accept option '([\w.]+)'", message):
+        key = f"--{match.group(2)}.{match.group(3)}" if match.group(1) == "Group" else f"--{match.group(3)}"
+        return f"unknown key {key[2:]} in a config file{did_you_mean(key, options).replace('--', '')}. {help_hint}"
+    key, given = re.match(r'Parser key "([\w.]+)":', message), re.search(r"Given value: (.*)", message)
+    if key and given:
+        name, value = key.group(1), given.group(1).strip()
+        if nested := re.match(r"NestedArg\(key='([\w.]+)', val=(.*)\)$", value):  # --data.batch_size x
+            name, value = f"{name}.{nested.group(1)}", nested.group(2).strip("'")
+        literals = [v for group in re.findall(r"Literal\[([^\]]*)\]", message) for v in re.findall(r"'([^']*)'", group)]
+        if literals:
+            valid = list(dict.fromkeys(literals))
+            return f"{name}={value!r} is not valid{did_you_mean(value, valid)}. Valid: {', '.join(valid)}."
+        errors = message.split("Errors:", 1)[-1].split("Given value type", 1)[0].splitlines()
+        reasons = [line.strip(" -") for line in errors if line.strip() and "NoneType" not in line]
+        reason = reasons[-1] if reasons else message.splitlines()[1].strip()
+        return f"{name}={value!r} is not valid: {reason}. {help_hint}"
+    if key and (option := re.search(r"Option '(\w+)' is not accepted", message)):
+        return f"{key.group(1)} has no argument {option.group(1)!r}. See `{prog} fit --{key.group(1)}.help CLASS`."
+    return message

@@ -1,0 +1,108 @@
+"""A ``--ckpt_path`` the run cannot use stops it before anything is built: one line naming the file, the cause and
+the fix, a non-zero exit, and the run's good ``last.ckpt`` untouched. A checkpoint holding a pickled object that runs
+code is refused by default (the object never runs) and loads only with the explicit ``--trust_checkpoint true``.
+
+All in this process (``app.cli.main``; a ``SystemExit`` carrying a message is what the process prints to stderr before
+exiting with status 1), on one short real MNIST run whose checkpoint every case reuses.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from app.checkpoint import AtomicCheckpointIO, CheckpointError, UnsafeCheckpointError
+from app.cli import main
+from app.loggers import read_identity
+
+
+def args(root: Path, data_dir: Path, *extra: str) -> list[str]:
+    return [
+        "--model.arch", "mnist_cnn", "--trainer.default_root_dir", str(root), "--data.data_dir", str(data_dir),
+        "--data.batch_size", "16",
+        "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1",
+        "--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false",
+        "--trainer.enable_model_summary", "false", *extra,
+    ]  # fmt: skip
+
+
+class MakesDirectory:
+    """A malicious payload: unpickling it calls ``os.makedirs(marker)``, standing for any code an attacker wants run."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.makedirs, (str(self.marker), 0o777, True)  # exist_ok: it may be loaded twice
+
+
+@pytest.fixture(scope="module")
+def trained(mnist_dir, tmp_path_factory) -> Path:
+    """A real run folder with ``version_0/checkpoints/last.ckpt`` (mnist_cnn, 2 steps)."""
+    root = tmp_path_factory.mktemp("good")
+    main(["fit", *args(root, mnist_dir)])
+    return root
+
+
+def refused(*argv: str) -> str:
+    """Runs the CLI, expects it to stop with a one-line message, returns that message."""
+    with pytest.raises(SystemExit) as stop:
+        main(list(argv))
+    message = str(stop.value.code)
+    assert isinstance(stop.value, CheckpointError) and message.startswith("error: --ckpt_path"), message
+    assert "\n" not in message and "Fix:" in message, message
+    return message
+
+
+@pytest.mark.slow
+def test_unusable_checkpoints_stop_before_anything_is_built(trained, mnist_dir, tmp_path):
+    last = trained / "version_0" / "checkpoints" / "last.ckpt"
+    good_bytes, good_mtime = last.read_bytes(), last.stat().st_mtime_ns
+
+    missing = refused("fit", *args(trained, mnist_dir, "--ckpt_path", str(tmp_path / "nope.ckpt")))
+    assert str(tmp_path / "nope.ckpt") in missing and "no such file" in missing
+
+    truncated = tmp_path / "copied.ckpt"  # an interrupted copy: the first half of a good file
+    truncated.write_bytes(good_bytes[: len(good_bytes) // 2])
+    message = refused("fit", *args(trained, mnist_dir, "--ckpt_path", str(truncated)))
+    assert str(truncated) in message and "truncated or corrupt" in message
+
+    # the configured network differs from the checkpoint's: Lightning would silently train mnist_cnn instead
+    message = refused("fit", *args(trained, mnist_dir, "--model.arch", "resnet18", "--ckpt_path", str(last)))
+    assert "holds a mnist_cnn network" in message and "--model.arch mnist_cnn" in message
+
+    # `--ckpt_path last` takes no hyperparameters from the file: the weights are compared with the model instead
+    message = refused("validate", *args(trained, mnist_dir, "--model.arch", "resnet18", "--ckpt_path", "last"))
+    assert str(last) in message and "trained as mnist_cnn" in message and "model.arch=resnet18" in message
+
+    assert last.read_bytes() == good_bytes and last.stat().st_mtime_ns == good_mtime  # the good file untouched
+    assert sorted(p.name for p in trained.iterdir()) == ["version_0"]  # no new run folder was started
+
+
+@pytest.mark.slow
+def test_checkpoint_with_code_is_refused_unless_trusted(trained, mnist_dir, tmp_path):
+    marker = tmp_path / "code-ran"
+    evil = tmp_path / "evil.ckpt"
+    checkpoint = torch.load(trained / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)
+    torch.save({**checkpoint, "extra": MakesDirectory(marker)}, evil)
+
+    message = refused("validate", *args(trained, mnist_dir, "--ckpt_path", str(evil)))
+    assert "os.makedirs" in message and "--trust_checkpoint true" in message
+    with pytest.raises(UnsafeCheckpointError, match="--trust_checkpoint true"):  # Trainer/library path, no CLI
+        AtomicCheckpointIO().load_checkpoint(evil)
+    shutil.copy(evil, trained / "hpc_ckpt_1.ckpt")  # what SLURM resumes from without asking: read for the run id
+    try:
+        assert read_identity(trained / "hpc_ckpt_1.ckpt") == {}
+    finally:
+        (trained / "hpc_ckpt_1.ckpt").unlink()
+    assert not marker.exists(), "refusing the checkpoint ran its code"
+
+    # the explicit opt-out for a trusted legacy file: it loads (and, being malicious, runs its payload)
+    trusted = args(tmp_path / "trusted", mnist_dir, "--ckpt_path", str(evil), "--trust_checkpoint", "true")
+    cli = main(["validate", *trusted])
+    assert marker.is_dir() and cli.trainer.strategy.checkpoint_io.weights_only is False
+    assert cli.trainer.callback_metrics["val/acc1"] >= 0

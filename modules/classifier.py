@@ -6,13 +6,14 @@ across ranks when they are computed, so accuracies are exact for any world size.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -196,10 +197,29 @@ class ImageClassifier(LightningModule):
         if self.lr_scheduler_factory is None:
             return optimizer
         scheduler = self.lr_scheduler_factory(optimizer)
+        self._check_schedule_length(scheduler)
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": self.hparams.lr_scheduler_interval},
         }
+
+    def _check_schedule_length(self, scheduler) -> None:
+        """A per-step schedule with a fixed length (``LinearLR``'s ``total_iters``) must match the run's length."""
+        length, steps = getattr(scheduler, "total_iters", None), self.trainer.estimated_stepping_batches
+        if self.hparams.lr_scheduler_interval != "step" or not isinstance(length, int) or not math.isfinite(steps):
+            return
+        if length != int(steps):
+            gap = abs(int(steps) - length)
+            effect = (
+                f"stays at its final value for the last {gap} steps"
+                if length < steps
+                else f"stops {gap} steps before the end of its schedule (never reaching its final value)"
+            )
+            rank_zero_warn(
+                f"lr_scheduler {type(scheduler).__name__} runs over total_iters={length} optimizer steps but this run "
+                f"makes {int(steps)}, so the learning rate {effect}. "
+                f"Fix: --model.lr_scheduler.init_args.total_iters {int(steps)} (max_epochs x steps per epoch)."
+            )
 
 
 def linear_scaled_lr(lr: float, global_batch: int, reference_batch: int | None) -> float:

@@ -1,4 +1,5 @@
-"""Network zoo: a name -> ``nn.Module`` factory. ``mnist_cnn`` plus every torchvision classification architecture.
+"""Network zoo: a name -> ``nn.Module`` factory. ``mnist_cnn``, ``mnist_fast`` and every torchvision classification
+architecture.
 
 A new model touches this package only: add a factory to ``FACTORIES``.
 """
@@ -12,8 +13,9 @@ import torchvision
 from torch import nn
 
 from modules.zoo.mnist_cnn import mnist_cnn
+from modules.zoo.mnist_fast import mnist_fast
 
-FACTORIES: dict[str, Callable[..., nn.Module]] = {"mnist_cnn": mnist_cnn}
+FACTORIES: dict[str, Callable[..., nn.Module]] = {"mnist_cnn": mnist_cnn, "mnist_fast": mnist_fast}
 
 
 def available() -> list[str]:

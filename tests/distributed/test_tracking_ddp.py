@@ -21,7 +21,7 @@ from tests.conftest import ROOT
 from tests.wandb_reader import offline_runs, requires_wandb, tensorboard_scalars
 
 WANDB_CONFIG = ROOT / "configs" / "logger" / "wandb.yaml"
-METRICS = {"train/loss", "train/acc1", "val/loss", "val/acc1", "val/acc5", "lr-Adadelta"}
+METRICS = {"train/loss", "train/acc1", "val/loss", "val/acc1", "val/acc5", "lr-SGD"}
 PERF = {"perf/images_per_sec", "perf/images_per_sec_per_device", "perf/data_time_frac"}
 
 

@@ -1,5 +1,8 @@
 """The classifier trained by a real Trainer on real MNIST for a few steps."""
 
+import warnings
+
+import pytest
 import torch
 from lightning.pytorch import seed_everything
 
@@ -35,3 +38,24 @@ def test_scheduler_steps_per_epoch(mnist_dir, tmp_path):
     trainer = fast_trainer(tmp_path, max_epochs=2, limit_train_batches=2, limit_val_batches=1)
     trainer.fit(model, MNISTDataModule(data_dir=str(mnist_dir)))
     assert trainer.optimizers[0].param_groups[0]["lr"] == 0.1 * 0.5**2
+
+
+@pytest.mark.parametrize(("total_iters", "warned"), [(10, "stops 6 steps before the end"), (4, None)])
+def test_per_step_schedule_length_must_match_the_run(mnist_dir, tmp_path, total_iters, warned):
+    """A LinearLR over total_iters steps in a run of another length is said, with the number to use."""
+    model = ImageClassifier(
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+        lr_scheduler=lambda o: torch.optim.lr_scheduler.LinearLR(o, 1.0, 0.01, total_iters=total_iters),
+        lr_scheduler_interval="step",
+    )
+    trainer = fast_trainer(tmp_path, max_epochs=2, limit_train_batches=2, limit_val_batches=1)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        trainer.fit(model, MNISTDataModule(data_dir=str(mnist_dir)))
+    messages = [str(w.message) for w in seen if "total_iters" in str(w.message)]
+    if warned:
+        (message,) = messages
+        assert warned in message and "--model.lr_scheduler.init_args.total_iters 4" in message
+    else:
+        assert messages == []
+        assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.1 * 0.01)

@@ -21,7 +21,7 @@ def instantiate(*args: str, tmp_path: Path):
 def test_defaults_are_mnist(tmp_path):
     cli = instantiate(tmp_path=tmp_path)
     assert isinstance(cli.model, ImageClassifier) and isinstance(cli.datamodule, MNISTDataModule)
-    assert cli.model.hparams.arch == "mnist_cnn"
+    assert cli.model.hparams.arch == "mnist_fast"
     # linked from the datamodule, never typed twice
     assert (cli.model.hparams.num_classes, cli.model.hparams.in_channels) == (10, 1)
     # the logger writes into the run folder

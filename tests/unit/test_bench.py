@@ -1,0 +1,153 @@
+"""The benchmarks' code paths with tiny settings: the files a user reads exist and hold sane numbers.
+
+Timings are never asserted (they belong in bench/results); the step-time and all-reduce benchmarks share one
+2-process gloo job, so the process start-up is paid once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from bench import comm, gpu, step_time
+from bench.common import run_job
+
+
+def _finite_positive(value: float) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value) and value > 0
+
+
+def _valid_png(path) -> None:
+    import matplotlib.image
+
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    pixels = matplotlib.image.imread(path)
+    assert pixels.ndim == 3 and pixels.shape[0] > 100 and pixels.shape[1] > 100
+    assert pixels.std() > 0, f"{path} is blank"
+
+
+@pytest.fixture(scope="module")
+def bench_job(tmp_path_factory):
+    """One gloo job: every step-time mode for 3 steps of the MNIST CNN, and all-reduces of three sizes."""
+    work = tmp_path_factory.mktemp("bench")
+    out = work / "results"
+    settings = {"steps": 3, "rounds": 1, "warmup": 0, "batch_size": 4, "image_size": 32, "accelerator": "cpu",
+                "world_size": 2, "command": "test"}  # fmt: skip
+    sizes = [4096, 65536, 2**20]
+    tasks = [
+        step_time.task(["cnn"], ["32-true"], list(step_time.MODES), settings, str(work)),
+        comm.task(sizes, 1, 2, 1),
+    ]
+    raw = run_job(tasks, nproc=2, workdir=work)
+    timing = step_time.report(raw["step_time"], settings, [0.0, 0.0], out)
+    comm_settings = {"backend": "gloo", "world_size": 2, "rounds": 1, "iters": 2, "warmup": 1, "command": "test"}
+    bandwidth = comm.report(raw["comm"], comm_settings, [0.0, 0.0], out)
+    return {"out": out, "timing": timing, "bandwidth": bandwidth, "sizes": sizes}
+
+
+@pytest.mark.distributed
+def test_step_time_has_every_mode_with_sane_ratios(bench_job):
+    out = bench_job["out"]
+    saved = json.loads((out / "step_time.json").read_text())
+    assert saved == json.loads(json.dumps(bench_job["timing"]))
+    assert {"date", "host_cpus", "torch", "lightning"} <= set(saved["machine"])
+    modes = saved["groups"]["cnn 32-true"]
+    assert set(modes) == set(step_time.MODES)
+    for mode, stats in modes.items():
+        assert stats["n"] >= 1, mode
+        assert stats["p10_ms"] <= stats["median_ms"] <= stats["p90_ms"], mode
+        assert _finite_positive(stats["img_per_s"]), mode
+        assert stats["world_size"] == (1 if step_time.MODES[mode][0] == 1 else 2)
+        assert set(stats["ratio"]) == set(step_time.MODES[mode][1]), mode  # every counterpart measured
+        for other, ratio in stats["ratio"].items():  # median of per-round ratios: one round here, so equal
+            assert _finite_positive(ratio), (mode, other)
+            assert ratio == pytest.approx(stats["median_ms"] / modes[other]["median_ms"])
+            assert stats["ratio_of_medians"][other] == pytest.approx(ratio)
+    table = (out / "step_time.md").read_text()
+    for mode in modes:
+        assert f"| {mode} |" in table
+    assert "x plain_ddp" in table and "x plain_single" in table and "x plain_tutorial" in table
+    for name in ("step_time_modes.png", "step_time_scaling.png"):
+        _valid_png(out / name)
+
+
+@pytest.mark.distributed
+def test_comm_bandwidths_follow_the_nccl_tests_convention(bench_job):
+    out = bench_job["out"]
+    saved = json.loads((out / "comm_gloo.json").read_text())
+    rows = saved["rows"]
+    assert [r["bytes"] for r in rows] == bench_job["sizes"]
+    for row in rows:
+        assert _finite_positive(row["median_ms"])
+        assert row["algbw_GBps"] == pytest.approx(row["bytes"] / (row["median_ms"] / 1e3) / 1e9)
+        assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * 2 * (2 - 1) / 2)
+    assert "| 1 MiB |" in (out / "comm_gloo.md").read_text()
+    _valid_png(out / "comm_gloo.png")
+
+
+def test_ratio_pairs_the_modes_round_by_round():
+    """The machine slows down 3x in the second round: the per-round ratio still shows the 10% overhead."""
+    rounds = {m: [[0.100, 0.100], [0.300, 0.300]] for m in step_time.MODES}
+    rounds["app_single"] = [[0.110, 0.110], [0.330, 0.330]]
+    modes = step_time.analyse({"cnn 32-true": rounds}, batch_size=16, world=2)["cnn 32-true"]
+    assert modes["app_single"]["ratio"]["plain_single"] == pytest.approx(1.10)
+    assert modes["app_single"]["img_per_s"] == pytest.approx(16 / modes["app_single"]["median_ms"] * 1e3)
+    assert modes["app_ddp"]["images_per_step"] == 32 and modes["app_single"]["images_per_step"] == 16
+
+
+def test_bus_factor_and_sizes():
+    assert comm.bus_factor(2) == 1.0
+    assert comm.bus_factor(8) == pytest.approx(1.75)
+    assert [comm.parse_size(s) for s in ("4K", "1M", "64MB", "4096")] == [4096, 2**20, 64 * 2**20, 4096]
+    with pytest.raises(ValueError, match="multiple of 4 bytes"):
+        comm.parse_size("3")
+
+
+@pytest.mark.parametrize(
+    ("main", "argv", "message"),
+    [
+        (step_time.main, ["--models", "vgg"], "--models: unknown vgg; choose from cnn, resnet18"),
+        (step_time.main, ["--precisions", "16-mixed"], "16-mixed runs on GPUs only"),
+        (comm.main, ["--sizes", "4K,3"], "--sizes: message size '3'"),
+        (gpu.main, ["--smoke", "--configs", "bf17"], "--configs: unknown bf17; choose from bf16 channels_last"),
+    ],
+)
+def test_bad_arguments_name_the_fix(main, argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_mfu_uses_the_forward_and_backward_flop_and_the_precision_peak():
+    assert gpu.peak_flops("NVIDIA H200", "bf16-mixed", True) == 989e12
+    assert gpu.peak_flops("NVIDIA H200", "32-true", True) == 494.5e12
+    assert gpu.peak_flops("NVIDIA H200", "32-true", False) == 67e12
+    assert gpu.peak_flops("Some GPU", "bf16-mixed", True) is None
+    assert gpu.mfu(3079, "resnet50", 224, 989e12) == pytest.approx(3079 * 24.7e9 / 989e12)
+    assert gpu.mfu(3079, "resnet50", 112, 989e12) == pytest.approx(3079 * 24.7e9 / 4 / 989e12)
+    assert gpu.mfu(3079, "vit_b_16", 224, 989e12) is None
+
+
+def test_gpu_script_smoke_on_cpu(tmp_path, capsys):
+    # one config keeps CI short; the others differ only in the precision string and memory format given to the app
+    configs = ["tf32 channels_last"]
+    results = gpu.main(["--smoke", "--skip-mnist", "--configs", ",".join(configs), "--out", str(tmp_path)])
+    written = list(tmp_path.glob("gpu_*_smoke.json"))
+    assert len(written) == 1 and written[0].with_suffix(".md").exists()
+    saved = json.loads(written[0].read_text())
+    assert [r["config"] for r in saved["throughput"]] == configs
+    for row in saved["throughput"]:
+        assert _finite_positive(row["img_per_s"]) and row["mfu"] is None  # no peak known for a CPU
+        assert "loss_finite" in row  # (16 px, batch 2: BatchNorm on 1x1 maps may give NaN; the file says so)
+    assert results["settings"]["smoke"] is True
+    assert "| tf32 channels_last |" in written[0].with_suffix(".md").read_text()
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message shown without CUDA")
+def test_gpu_script_without_cuda_points_to_smoke(capsys):
+    with pytest.raises(SystemExit):
+        gpu.main([])
+    assert "--smoke" in capsys.readouterr().err

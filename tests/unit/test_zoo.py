@@ -13,7 +13,6 @@ def test_mnist_cnn_is_the_pytorch_example_network():
     assert sum(p.numel() for p in net.parameters()) == 1_199_882
 
 
-
 def test_mnist_fast_is_the_small_batchnorm_default():
     net = zoo.build("mnist_fast", num_classes=10, in_channels=1)
     convs = [m for m in net.modules() if isinstance(m, nn.Conv2d)]
@@ -22,6 +21,7 @@ def test_mnist_fast_is_the_small_batchnorm_default():
     assert net(torch.randn(4, 1, 28, 28)).shape == (4, 10)
     assert sum(p.numel() for p in net.parameters()) < 30_000  # ~40x fewer than mnist_cnn
     assert zoo.build("mnist_fast", num_classes=3, in_channels=3)(torch.randn(2, 3, 28, 28)).shape == (2, 3)
+
 
 @pytest.mark.parametrize("arch", ["resnet18", "mobilenet_v3_small", "vit_b_16"])
 def test_torchvision_models_take_grayscale(arch):

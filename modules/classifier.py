@@ -210,8 +210,11 @@ class ImageClassifier(LightningModule):
 
     def _check_schedule_length(self, scheduler) -> None:
         """A per-step schedule with a fixed length (``LinearLR``'s ``total_iters``) must match the run's length."""
-        length, steps = getattr(scheduler, "total_iters", None), self.trainer.estimated_stepping_batches
-        if self.hparams.lr_scheduler_interval != "step" or not isinstance(length, int) or not math.isfinite(steps):
+        length = getattr(scheduler, "total_iters", None)
+        if self._trainer is None or self.hparams.lr_scheduler_interval != "step" or not isinstance(length, int):
+            return  # (configure_optimizers called by hand, without a Trainer: no run length to compare with)
+        steps = self.trainer.estimated_stepping_batches
+        if not math.isfinite(steps):
             return
         if length != int(steps):
             gap = abs(int(steps) - length)

@@ -7,12 +7,22 @@ Timings are never asserted (they belong in bench/results); the step-time and all
 from __future__ import annotations
 
 import json
+import logging
 import math
 
 import pytest
 
 from bench import comm, gpu, step_time
 from bench.common import run_job
+
+
+@pytest.fixture(autouse=True)
+def _lightning_log_level_restored():
+    """``bench.gpu.main`` quiets Lightning's logger for its own output; later tests in this process need it back."""
+    logger = logging.getLogger("lightning.pytorch")
+    level = logger.level
+    yield
+    logger.setLevel(level)
 
 
 def _finite_positive(value: float) -> bool:

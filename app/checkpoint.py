@@ -128,6 +128,16 @@ def refusal(path: _PATH, err: BaseException) -> str:
     )
 
 
+def load_on_cpu(path: _PATH, weights_only: bool = True) -> dict:
+    """``path`` on the CPU, memory-mapped where the format allows (its tensors are not read until used)."""
+    try:
+        return torch.load(path, map_location="cpu", mmap=True, weights_only=weights_only)
+    except RuntimeError as err:  # files in torch's legacy (non-zip) format cannot be memory-mapped
+        if "mmap" not in str(err):
+            raise
+        return torch.load(path, map_location="cpu", weights_only=weights_only)
+
+
 def read_checkpoint(path: _PATH, trust: bool = False) -> dict:
     """``path`` loaded on the CPU and memory-mapped (tensors are not read), to check it before a run uses it.
 
@@ -142,12 +152,7 @@ def read_checkpoint(path: _PATH, trust: bool = False) -> dict:
             "--trainer.default_root_dir; leave --ckpt_path out to start from scratch."
         )
     try:
-        try:
-            return torch.load(path, map_location="cpu", mmap=True, weights_only=not trust)
-        except RuntimeError as err:  # files in torch's legacy (non-zip) format cannot be memory-mapped
-            if "mmap" not in str(err):
-                raise
-            return torch.load(path, map_location="cpu", weights_only=not trust)
+        return load_on_cpu(path, weights_only=not trust)
     except pickle.UnpicklingError as err:
         if not trust and _refused(err):
             raise CheckpointError(f"error: --ckpt_path {refusal(path, err)}") from None

@@ -33,6 +33,8 @@ from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_info
 
+from app.checkpoint import load_on_cpu
+
 SECRET_KEY = re.compile(r"(api[_-]?key|token|secret|password|credential)", re.IGNORECASE)
 INSTALL_HINT = (
     "The W&B logger (configs/logger/wandb.yaml) needs the `wandb` package, which is not installed here. "
@@ -248,10 +250,7 @@ def read_identity(checkpoint: Path) -> dict[str, Any]:
     # mmap: the tensors are not read. weights_only=True: SLURM's hpc_ckpt is found here before any other check, and
     # a file with pickled objects must not run code; the Trainer's load then refuses it with the opt-out named.
     try:
-        try:
-            state = torch.load(checkpoint, map_location="cpu", mmap=True, weights_only=True)
-        except RuntimeError:  # a checkpoint in torch's legacy (non-zip) format cannot be memory-mapped
-            state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+        state = load_on_cpu(checkpoint)
     except pickle.UnpicklingError:
         return {}
     return dict(state.get("callbacks", {}).get(TrackingConfigCallback.__qualname__, {}))

@@ -1,0 +1,26 @@
+"""The end of a job's process group: destroyed on every rank before the interpreter exits.
+
+Why by hand: Lightning destroys the default group at exit only for NCCL (the ``atexit`` hook of
+``_init_dist_connection``). A gloo group left alive keeps its worker threads, and such a thread can still hold the
+last reference to a finished collective's work (``ProcessGroupGloo::runLoop`` releases it after ``wait()`` has
+returned to Python). If Python is already finalizing when that thread frees the work's tensors, the thread blocks
+on the GIL, CPython ends it with ``pthread_exit`` inside a C++ destructor, and libstdc++ calls ``std::terminate``:
+"terminate called without an active exception", SIGABRT, after a run that completed (found with a core dump of
+such a run, ``gdb -batch -ex "thread apply all bt" python core``). Destroying the group while Python is alive
+shuts the backend down and lets those threads finish first.
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+
+def end_process_group() -> None:
+    """Destroys the default process group (and every subgroup) if one exists; a no-op otherwise.
+
+    Call it once the job's last collective is done, on every rank: it does not communicate, so ranks may reach it
+    at different times. Not on the error path of a lost rank: a collective still waiting on a dead peer would hold
+    the shutdown up until the collective times out.
+    """
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -6,12 +6,13 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test lint clean slurm-up slurm-down
+.PHONY: venv demo test lint clean slurm-up slurm-down update-pins
 
-$(STAMP): setup.cfg pyproject.toml
+# The tested set of every package (constraints.txt), so that `make test` tomorrow installs what passed today.
+$(STAMP): setup.cfg pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --upgrade -q pip
-	$(BIN)/python -m pip install -e '.[dev]'
+	$(BIN)/python -m pip install -q 'pip>=24,<27'
+	$(BIN)/python -m pip install -c constraints.txt -e '.[dev]'
 	touch $@
 
 venv: $(STAMP)
@@ -33,6 +34,18 @@ slurm-up:
 
 slurm-down:
 	bash tools/slurm_cluster.sh stop
+
+# Move the tested set deliberately: the newest releases within setup.cfg's ranges in a fresh venv (.venv-pins), the
+# whole suite against them, and constraints.txt rewritten only when it passes. Review `git diff constraints.txt`.
+update-pins:
+	rm -rf .venv-pins
+	$(PYTHON) -m venv .venv-pins
+	.venv-pins/bin/python -m pip install -q 'pip>=24,<27'
+	.venv-pins/bin/python -m pip install --upgrade --upgrade-strategy eager -e '.[dev]'
+	.venv-pins/bin/python -m pytest $(PYTEST_ARGS)
+	{ sed -n '1,2p' constraints.txt; .venv-pins/bin/python -m pip freeze --exclude-editable; } > constraints.new
+	mv constraints.new constraints.txt
+	@echo "update-pins: the suite passed on the new set; constraints.txt rewritten (git diff constraints.txt)"
 
 lint: venv
 	$(BIN)/ruff check .

@@ -69,6 +69,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
         try:
+            # mkstemp creates the file 0600; torch.save (open()) would honour the umask, so do the same: on a shared
+            # project folder the team reads the checkpoints like the run's other files.
+            os.fchmod(fd, 0o666 & ~_umask())
             with os.fdopen(fd, "wb") as file:
                 torch.save(checkpoint, file)
                 file.flush()
@@ -103,6 +106,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             if not weights_only or not _refused(err):
                 raise
             raise UnsafeCheckpointError(refusal(path, err)) from err
+
+
+def _umask() -> int:
+    """The process's umask (reading it means setting it: set it straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 class UnsafeCheckpointError(pickle.UnpicklingError):

@@ -7,12 +7,15 @@ config) and ``checkpoints/`` (``last.ckpt`` plus the best by ``val/acc1``).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from jsonargparse import ArgumentError
+from jsonargparse import ArgumentError, Namespace
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
@@ -23,6 +26,7 @@ from app.errors import UsageError, UserError, explain_parser_error, one_line, pa
 from app.launch.group import end_process_group
 from app.launch.plan import apply_timeout, preflight, rendezvous_errors_explained
 from app.loggers import TrackingConfigCallback, prepare_loggers
+from app.quiet import silence_known_noise
 from datamodules.imagenet import ImageNetDataError, UnreadableImageError
 from datamodules.mnist import MNISTDataError
 from modules import ImageClassifier
@@ -70,8 +74,10 @@ class CLI(LightningCLI):
         )
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        # Lightning's version warns when both ``args`` and ``sys.argv`` hold arguments: the normal case for the
+        # tools that build a run with ``main(ARGS, run=False)`` from their own command line (app.parity, bench).
         try:
-            super().parse_arguments(parser, args)
+            self.config = parser.parse_object(args) if isinstance(args, (dict, Namespace)) else parser.parse_args(args)
         except ArgumentError as err:  # jsonargparse's message is the whole usage text; ours names the closest option
             raise UsageError(explain_parser_error(str(err), parser_options(parser))) from None
 
@@ -105,6 +111,7 @@ class CLI(LightningCLI):
         config = self._subcommand_config()
         if config.get("ckpt_path") and self._checkpoint is None and Path(config.ckpt_path).is_file():
             self._checkpoint = read_checkpoint(config.ckpt_path, trust=config.trust_checkpoint)  # the resolved "last"
+        self._evaluate_beside_the_checkpoint()
         prepare_loggers(self._subcommand_config(), self.subcommand)  # W&B group; resumed run's identity
         # launcher vs config, before any process group exists; rank 0 prints the plan, every rank stops on a problem
         preflight(self._subcommand_config(), timeout=self._subcommand_config().launch.timeout)
@@ -129,6 +136,24 @@ class CLI(LightningCLI):
         for logger in self._logger_configs():
             if "save_dir" in logger.init_args and logger.init_args.save_dir is None:
                 logger.init_args.save_dir = root
+
+    def _evaluate_beside_the_checkpoint(self) -> None:
+        """validate/test/predict: ModelCheckpoint keeps the folder the loaded checkpoint was saved in.
+
+        Outside ``fit`` it saves nothing, but Lightning restores its state from the checkpoint and, for a new run
+        folder, warns that "the dirpath has changed" (or, without the callback, that it is missing): noise here.
+        """
+        if self.subcommand in (None, "fit") or self._checkpoint is None:
+            return
+        saved = self._checkpoint.get("callbacks") or {}
+        folders = {v.get("dirpath") for k, v in saved.items() if str(k).startswith("ModelCheckpoint")}
+        if len(folders) != 1:
+            return  # none saved, or several checkpoint callbacks: nothing to infer
+        (folder,) = folders
+        for callback in self._subcommand_config().trainer.get("callbacks") or []:
+            init_args = getattr(callback, "init_args", None)
+            if init_args is not None and init_args.get("dirpath") is None and _is_model_checkpoint(callback):
+                init_args.dirpath = folder
 
     def _resolve_last_checkpoint(self) -> None:
         """``--ckpt_path last`` means the newest run's ``last.ckpt`` in this experiment's folder.
@@ -161,6 +186,12 @@ class CLI(LightningCLI):
         rank_zero_info(f"--ckpt_path last resolved to {last}")
 
 
+def _is_model_checkpoint(config: Any) -> bool:
+    """Whether a ``class_path`` entry of the config names ModelCheckpoint or a subclass of it."""
+    module, _, name = config.class_path.rpartition(".")
+    return issubclass(getattr(importlib.import_module(module), name), ModelCheckpoint)
+
+
 def main(args: list[str] | None = None, run: bool = True, cli_class: type[CLI] | None = None) -> CLI:
     """Parses ``args`` (default: ``sys.argv``) on top of ``configs/mnist.yaml`` and runs the subcommand.
 
@@ -171,6 +202,7 @@ def main(args: list[str] | None = None, run: bool = True, cli_class: type[CLI] |
     # not silently taken for --trainer.max_epochs. Running as the command (run=True), parser errors reach
     # CLI.parse_arguments (exit_on_error=False) and user errors become one line; with run=False (tests, tools) the
     # caller gets the parser's own exit and the exceptions themselves.
+    silence_known_noise()
     strict = {"allow_abbrev": False, "exit_on_error": not run}
     defaults = {"default_config_files": [str(DEFAULT_CONFIG)], **strict}
     with user_errors_explained() if run else contextlib.nullcontext(), rendezvous_errors_explained():

@@ -180,7 +180,8 @@ def worker(spec_path: str) -> None:
     for scenario in spec["scenarios"]:
         overrides = ["--trainer.devices", str(nproc), "--trainer.strategy", "ddp"]
         model0, datamodule, config = build([*scenario["args"], *overrides], workdir)
-        out: dict[str, Any] = {"modes": {}}
+        batchnorm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model0.modules())
+        out: dict[str, Any] = {"modes": {}, "batchnorm": batchnorm}
         initial = _flat(list(model0.parameters()))
         for mode in scenario["modes"]:
             model = copy.deepcopy(model0)
@@ -250,7 +251,8 @@ def run_single(
     cuda = torch.cuda.is_available() and config.accelerator != "cpu"
     devices = world if strategy == "dp" else 1
     trainer = _trainer(config, steps, accelerator="cuda" if cuda else "cpu", devices=devices, strategy=strategy)
-    trainer.fit(model, train_dataloaders=loader)
+    # the validation loader only says what the model's validation_step is for: limit_val_batches=0 never runs it
+    trainer.fit(model, train_dataloaders=loader, val_dataloaders=datamodule.val_dataloader())
     return _flat(list(model.parameters()))
 
 
@@ -299,6 +301,13 @@ def table(results: dict) -> str:
             lines.append(
                 f"{mode:<22}{'-' if vs_single is None else f'{vs_single:.3e}':>22}"
                 f"{'-' if vs_ddp is None else f'{vs_ddp:.3e}':>12}  {facts['ranks_identical']}{scale}"
+            )
+        if out.get("batchnorm"):
+            lines.append(
+                "This network has BatchNorm: each rank normalises with its own shard's batch statistics, while the "
+                "single device sees the whole global batch, so 'vs single' is not 0 by design. Read 'vs ddp': every "
+                "mode must match ddp to float rounding (with a network without BatchNorm, e.g. "
+                "-- --model.arch mnist_cnn, 'vs single' is the column to read)."
             )
     return "\n".join(lines)
 

@@ -244,7 +244,14 @@ class ImageNetDataModule(ImageDataModule):
     def predict_dataloader(self) -> DataLoader:
         return self.val_dataloader()
 
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        """One image, channels first: the model summary's example input (its FLOPs column)."""
+        return (self.in_channels, self.hparams.image_size, self.hparams.image_size)
+
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        if isinstance(batch, torch.Tensor):  # the model summary's example input: float images, no labels
+            return batch
         images, labels, *rest = batch
         if rest:
             self._note_skipped(rest[0])

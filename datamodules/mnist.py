@@ -151,6 +151,7 @@ class MNISTDataModule(ImageDataModule):
 
     num_classes = 10
     in_channels = 1
+    input_shape = (1, 28, 28)  # one image, channels first: the model summary's example input (its FLOPs column)
 
     def __init__(
         self,

@@ -81,6 +81,13 @@ class ImageClassifier(LightningModule):
             }
         )
 
+    def setup(self, stage: str) -> None:
+        # The model summary runs this input through the network for its FLOPs and in/out sizes column (all 0
+        # without it). Not with compile: the summary's no_grad forward would compile a second graph at start-up.
+        shape = getattr(self.trainer.datamodule, "input_shape", None) if self._trainer is not None else None
+        if shape is not None and not self.hparams.get("compile"):
+            self.example_input_array = torch.zeros(1, *shape)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.hparams.get("channels_last") and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)

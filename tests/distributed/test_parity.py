@@ -62,3 +62,15 @@ def test_fp16_overflow_on_one_rank_is_skipped_by_every_rank(parity, mode):
     assert facts["loss_scale_same_on_ranks"] and facts["ranks_identical"], facts
     assert facts["loss_scale"] == ddp["loss_scale"] < 2.0**16  # the step was skipped and the scale backed off
     assert facts["max_diff_vs_ddp"] < TOL
+
+
+def test_the_table_says_why_batchnorm_differs_from_single_device(parity):
+    """The 'vs single' column of a BatchNorm network is not 0 by design; the printed table says so, and which column
+    to read, for that scenario only."""
+    from app.parity import table
+
+    assert parity["scenarios"]["batchnorm"]["batchnorm"] and not parity["scenarios"]["plain"]["batchnorm"]
+    printed = table(parity)
+    assert printed.count("This network has BatchNorm") == 1
+    section = printed.split("[batchnorm]")[1]
+    assert "This network has BatchNorm" in section and "Read 'vs ddp'" in section

@@ -20,10 +20,16 @@ def test_fit_then_test_reaches_98_percent(mnist_dir, tmp_path):
     assert fit.returncode == 0, fit.stderr[-3000:]
     assert (tmp_path / "version_0" / "checkpoints" / "last.ckpt").is_file()
     assert (tmp_path / "version_0" / "config.yaml").is_file()  # the resolved config is saved with the run
+    said = fit.stdout + fit.stderr
+    assert "Total FLOPs: 3.8 M" in said  # mnist_fast: 1.9 M multiply-adds per image, counted by the model summary
+    for noise in ("litlogger", "LeafSpec"):  # Lightning's advertisement, torch's deprecation inside Lightning
+        assert noise not in said, noise
 
     test = run_cli("test", *common, "--ckpt_path", "last")
     assert test.returncode == 0, test.stderr[-3000:]
-    assert "test: evaluated 10000/10000 images" in test.stdout + test.stderr  # the whole official test set
+    said = test.stdout + test.stderr
+    assert "test: evaluated 10000/10000 images" in said  # the whole official test set
+    assert "dirpath has changed" not in said and "callbacks used to create the checkpoint" not in said
     match = re.search(r"test/acc1\W+([0-9.]+)", test.stdout)
     assert match, test.stdout[-2000:]
     assert float(match.group(1)) >= 0.98

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import warnings
 
 import pytest
@@ -47,6 +49,19 @@ def test_failed_save_leaves_the_previous_checkpoint_intact(mnist_dir, tmp_path):
     assert saved["epoch"] == 0 and saved["global_step"] == 2
     files = sorted(p.name for p in tmp_path.iterdir() if p.is_file())
     assert files == ["epoch=0-step=2.ckpt", "epoch=1-step=4.ckpt", "last.ckpt"]  # no partial file left behind
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+def test_checkpoint_mode_follows_the_umask_like_the_runs_other_files(tmp_path, umask):
+    """A shared project folder: the team reads the checkpoints exactly as it reads the run's config and logs."""
+    previous = os.umask(umask)
+    try:
+        AtomicCheckpointIO().save_checkpoint({"w": torch.ones(3)}, tmp_path / "last.ckpt")
+        (tmp_path / "config.yaml").write_text("x: 1\n")  # how every other file of a run is created
+    finally:
+        os.umask(previous)
+    mode = stat.S_IMODE((tmp_path / "last.ckpt").stat().st_mode)
+    assert mode == 0o666 & ~umask == stat.S_IMODE((tmp_path / "config.yaml").stat().st_mode)
 
 
 def test_save_replaces_and_loads_with_weights_only(tmp_path):

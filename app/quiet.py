@@ -1,0 +1,27 @@
+"""Framework messages that tell a user of this app nothing they can act on, silenced by their exact text.
+
+Each entry is narrow (one message, one origin) so that anything else Lightning or torch says still reaches the
+user. Installed by :func:`app.cli.main` (and so by every tool built on it), never at import.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+# Lightning 2.6 logs an advertisement for its hosted logger at every Trainer construction without a LitLogger.
+_LIGHTNING_TIPS = ("💡 Tip:",)
+
+
+def _not_a_tip(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(_LIGHTNING_TIPS)
+
+
+def silence_known_noise() -> None:
+    """Idempotent: the same filter object is added once however often it is called."""
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_not_a_tip)
+    # lightning.pytorch.utilities._pytree builds torch's deprecated LeafSpec for every batch it moves; the fix is
+    # Lightning's to make (torch asks for `TreeSpec.is_leaf()`), and the user can do nothing about it.
+    warnings.filterwarnings(
+        "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
+    )

@@ -31,6 +31,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
+from app.launch.group import end_process_group
+
 ROOT = Path(__file__).resolve().parent.parent
 DISTRIBUTED_MODES = ("ddp", "allreduce", "allreduce_per_param", "allreduce_overlap", "ddp_mp")
 _QUIET = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False, "enable_model_summary": False}
@@ -211,6 +213,7 @@ def worker(spec_path: str) -> None:
     if dist.get_rank() == 0:
         (workdir / "results.json").write_text(json.dumps(results, indent=1))
     dist.barrier()
+    end_process_group()
 
 
 class GlobalBatchSampler:

@@ -84,6 +84,8 @@ def _worker(spec_path: str) -> None:
 
     import torch.distributed as dist
 
+    from app.launch.group import end_process_group
+
     spec = json.loads(Path(spec_path).read_text())
     cuda = torch.cuda.is_available() and any(t.get("accelerator") == "cuda" for t in spec["tasks"])
     if cuda:
@@ -97,7 +99,7 @@ def _worker(spec_path: str) -> None:
     if dist.get_rank() == 0:
         Path(spec["out"]).write_text(json.dumps(results))
     dist.barrier()
-    dist.destroy_process_group()
+    end_process_group()
 
 
 def progress(message: str) -> None:

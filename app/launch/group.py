@@ -2,15 +2,20 @@
 
 Why by hand: Lightning destroys the default group at exit only for NCCL (the ``atexit`` hook of
 ``_init_dist_connection``). A gloo group left alive keeps its worker threads, and such a thread can still hold the
-last reference to a finished collective's work (``ProcessGroupGloo::runLoop`` releases it after ``wait()`` has
-returned to Python). If Python is already finalizing when that thread frees the work's tensors, the thread blocks
-on the GIL, CPython ends it with ``pthread_exit`` inside a C++ destructor, and libstdc++ calls ``std::terminate``:
+last reference to a finished collective's work: ``ProcessGroupGloo::runLoop`` releases it only after ``wait()`` has
+returned to Python. If Python is already finalizing when that thread frees the work's tensors, the thread blocks on
+the GIL, CPython ends it with ``pthread_exit`` inside a C++ destructor, and libstdc++ calls ``std::terminate``:
 "terminate called without an active exception", SIGABRT, after a run that completed (found with a core dump of
-such a run, ``gdb -batch -ex "thread apply all bt" python core``). Destroying the group while Python is alive
-shuts the backend down and lets those threads finish first.
+such a run: ``gdb -batch -ex "thread apply all bt" python core``).
+
+``destroy_process_group`` drops torch's own references to the group. Lightning's teardown has already released the
+DDP wrapper by then, so the C++ group is destroyed at once: its destructor joins the worker threads (torch releases
+the GIL for it), and a thread still freeing a work finishes while Python is fully alive. After this call no
+``pt_gloo_runloop`` thread is left in a finished ``cli.py fit`` (checked in ``/proc/self/task``).
 """
 
 from __future__ import annotations
+
 
 import torch.distributed as dist
 

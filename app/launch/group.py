@@ -16,7 +16,6 @@ the GIL for it), and a thread still freeing a work finishes while Python is full
 
 from __future__ import annotations
 
-
 import torch.distributed as dist
 
 

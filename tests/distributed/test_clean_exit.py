@@ -10,10 +10,14 @@ under Lightning's launcher rank 1 is a child of rank 0 whose status is lost, so 
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from lightning.pytorch import Callback
 
 from tests.conftest import ROOT
 from tests.unit.test_imagenet import build_photo_imagenet
@@ -44,3 +48,41 @@ def test_a_completed_two_process_fit_ends_cleanly_on_every_rank(photos, tmp_path
     assert done.returncode == 0, said[-4000:]
     assert said.count("Training summary") == 1, said[-4000:]  # the run did its work (rank 0 prints the summary)
     assert "terminate called" not in said and "SIGABRT" not in said, said[-4000:]
+
+
+def gloo_threads() -> int:
+    """This process's gloo worker threads (torch names them ``pt_gloo_runloop``)."""
+    tasks = Path("/proc/self/task")
+    return sum((task / "comm").read_text().strip() == "pt_gloo_runloop" for task in tasks.iterdir())
+
+
+def test_the_process_group_is_gone_when_main_returns(mnist_dir, tmp_path):
+    """The mechanism itself, on both ranks: once ``main()`` returns, no gloo worker thread is left that could still
+    free a collective's tensors while the interpreter finalizes (see ``app.launch.group``)."""
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+        "-m", "tests.distributed.test_clean_exit", "fit", "--trainer.devices", "2", "--trainer.accelerator", "cpu",
+        "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1",
+        "--trainer.enable_progress_bar", "false", "--data.data_dir", str(mnist_dir),
+        "--trainer.default_root_dir", str(tmp_path),
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said[-4000:]
+    assert sorted(re.findall(r"rank (\d) gloo threads during the run: (\d+), after main: (\d+)", said)) == [
+        ("0", "2", "0"),
+        ("1", "2", "0"),
+    ], said[-4000:]
+
+
+class _Probe(Callback):
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.during = gloo_threads()
+
+
+if __name__ == "__main__":  # one rank of the probe job above
+    from app.cli import main
+
+    cli = main([*sys.argv[1:], "--trainer.callbacks+", "tests.distributed.test_clean_exit._Probe"])
+    during = next(c.during for c in cli.trainer.callbacks if type(c).__name__ == "_Probe")  # run as __main__
+    print(f"rank {os.environ['RANK']} gloo threads during the run: {during}, after main: {gloo_threads()}", flush=True)

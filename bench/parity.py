@@ -1,0 +1,100 @@
+"""The parity figures the README quotes: ``python -m bench.parity`` (about 3 minutes on 2 CPU cores).
+
+The CI's parity job (``tests/distributed/test_parity.py``) with the same scenarios, written to
+``results/parity.{json,md}``: 2 gloo processes on CPU, real MNIST, 8 images per rank, 6 SGD-with-momentum steps
+crossing an epoch boundary; per mode, the largest parameter difference against one device that sees each whole
+global batch (``app.parity``), and against ``ddp``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import Callback
+
+from bench.common import RESULTS, machine, machine_line, write_json
+
+STEPS = 6  # optimizer steps per mode; with 3 batches per epoch the runs cross an epoch boundary
+SGD = ["--model.optimizer", "SGD", "--model.optimizer.lr", "0.05", "--model.optimizer.momentum", "0.9"]
+EXACT_MODES = ["ddp", "allreduce", "allreduce_per_param", "allreduce_overlap", "ddp_mp"]
+AMP_MODES = ["ddp", "allreduce", "allreduce_per_param", "allreduce_overlap"]
+
+
+class OverflowOnRank1(Callback):
+    """Rank 1 alone gets an all-inf batch at the third step: its fp16 gradients are inf/NaN, rank 0's are finite."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_rank == 1 and trainer.global_step == 2:
+            batch[0].fill_(float("inf"))
+
+
+def scenarios(data_dir: str) -> list[dict]:
+    # mnist_cnn: no BatchNorm, so every mode must equal one device exactly (the default mnist_fast has BatchNorm)
+    common = ["--data.data_dir", str(data_dir), "--data.batch_size", "8", "--model.arch", "mnist_cnn", *SGD]
+    return [
+        {  # the MNIST example's network (no BatchNorm); plus the wire-compressed all-reduce
+            "name": "plain",
+            "args": [*common, "--trainer.limit_train_batches", "3"],
+            "modes": [*EXACT_MODES, "allreduce_fp16"],
+        },
+        {  # 2 micro-batches per optimizer step: 4 batches per epoch = 2 steps per epoch
+            "name": "accumulate",
+            "args": [*common, "--trainer.limit_train_batches", "4", "--trainer.accumulate_grad_batches", "2"],
+            "modes": EXACT_MODES,
+        },
+        {  # BatchNorm, per-rank statistics (DDP without SyncBatchNorm)
+            "name": "batchnorm",
+            "args": [*common, "--model.arch", "resnet18", "--trainer.limit_train_batches", "3"],
+            "modes": EXACT_MODES,
+        },
+        {  # fp16 with a GradScaler: an overflow on one rank must make every rank skip the same step
+            "name": "amp",
+            "args": [*common, "--trainer.limit_train_batches", "3"],
+            "modes": AMP_MODES,
+            "fp16_scaler": True,
+            "callbacks": ["bench.parity:OverflowOnRank1"],
+        },
+    ]
+
+
+def markdown(results: dict[str, Any]) -> str:
+    from app.parity import table
+
+    return "\n".join(
+        [
+            "# Parity: every mode against one device",
+            "",
+            f"Machine: {machine_line(results['machine'])}. Command: `python -m bench.parity` (the scenarios of "
+            f"`tests/distributed/test_parity.py`: 2 gloo processes, 8 MNIST images per rank, {STEPS} SGD steps).",
+            "",
+            "```",
+            table(results),
+            "```",
+            "",
+        ]
+    )
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    from app.parity import compare
+    from datamodules.mnist import ensure_mnist
+
+    parser = argparse.ArgumentParser(prog="python -m bench.parity", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data-dir", default="data", help="MNIST folder (fetched if missing)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for parity.{json,md}")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    with tempfile.TemporaryDirectory(prefix="parity-") as tmp:
+        results = compare(scenarios(str(ensure_mnist(args.data_dir))), STEPS, 2, Path(tmp), accelerator="cpu")
+    results["machine"] = machine()
+    write_json(args.out / "parity.json", results)
+    (args.out / "parity.md").write_text(markdown(results))
+    print(markdown(results))
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -41,7 +41,7 @@ def test_a_completed_two_process_fit_ends_cleanly_on_every_rank(photos, tmp_path
         "--model.arch", "resnet18", "--trainer.accelerator", "cpu", "--trainer.devices", "2",
         "--trainer.strategy", "ddp", "--trainer.max_epochs", "1", "--trainer.num_sanity_val_steps", "0",
         "--trainer.enable_progress_bar", "false", "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
-        "--trainer.default_root_dir", str(tmp_path),
+        "--trainer.logger.save_dir", str(tmp_path), "--trainer.default_root_dir", str(tmp_path),
     ]  # fmt: skip
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     said = done.stdout + done.stderr

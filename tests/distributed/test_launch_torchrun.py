@@ -55,7 +55,10 @@ def test_torchrun_two_nodes_one_process_each(mnist_dir, tmp_path):
         common = ["--nnodes", "2", "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", str(port)]
         nodes = [torchrun(*common, "--node_rank", str(rank), *args) for rank in (0, 1)]
         try:
-            logs = [node.communicate(timeout=600)[0] for node in nodes]
+            logs = [nodes[0].communicate(timeout=600)[0]]
+            if port_taken(logs[0]):  # node 0 could not host the rendezvous: node 1 would wait for it in vain
+                nodes[1].kill()
+            logs.append(nodes[1].communicate(timeout=600)[0])
         finally:
             for node in nodes:
                 node.kill()

@@ -4,6 +4,7 @@ One command, both runs in one process on the same machine, data and thread count
 
     .venv/bin/python -m bench.mnist_time_to_accuracy     # CPU; writes bench/results/mnist_time_to_accuracy.*
     .venv/bin/python -m bench.mnist_time_to_accuracy --accelerator cuda --out /tmp/x   # what bench/gpu.py runs
+    .venv/bin/python -m bench.mnist_time_to_accuracy --smoke   # code-path check: 1 epoch of 5 batches per run
 
 (a) ``app``: ``configs/mnist.yaml`` exactly as ``python cli.py fit`` runs it (only ``default_root_dir`` points into a
 scratch folder), built by the app's own CLI (``app.cli.main(run=False)``) and trained with ``trainer.fit``.
@@ -36,6 +37,10 @@ from datamodules.mnist import ensure_mnist, load_split
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "mnist_time_to_accuracy"
+SMOKE_APP_ARGS = [
+    "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "5", "--trainer.limit_val_batches", "2",
+    "--model.lr_scheduler.init_args.total_iters", "5",
+]  # fmt: skip
 
 
 def device_for(accelerator: str) -> torch.device:
@@ -169,7 +174,7 @@ def reached(run: dict[str, Any], target: float) -> dict[str, Any] | None:
 def markdown(results: dict[str, Any]) -> str:
     s = results["settings"]
     lines = [
-        f"# MNIST time to {s['target']}% test accuracy",
+        f"# MNIST time to {s['target']}% test accuracy" + (" (SMOKE: 5 batches per run)" if s.get("smoke") else ""),
         "",
         f"Machine: {machine_line(results['machine'])}; {s['threads']} torch threads; device {s['device']}.",
         "Load average (1 min) before/after each run: "
@@ -246,9 +251,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--limit-batches", type=int, help="code-path check: batches per epoch of the example's run")
     parser.add_argument("--only", choices=["app", "pytorch_example"], help="run one of the two")
     parser.add_argument("--data-dir", type=Path, default=ROOT / "data")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="folder for the JSON/MD/PNG")
+    parser.add_argument(
+        "--smoke", action="store_true", help="code-path check: 1 epoch of 5 training batches per run (results in runs/)"
+    )
+    parser.add_argument("--out", type=Path, default=None, help="folder for the JSON/MD/PNG (default bench/results)")
     parser.add_argument("app_args", nargs="*", help="extra app CLI arguments after --, e.g. -- --model.arch mnist_cnn")
     args = parser.parse_args(argv)
+    if args.smoke:  # both runs cut to 5 training batches of one epoch; the test-set evaluation stays whole
+        args.max_epochs, args.limit_batches = 1, 5
+        args.app_args = [*SMOKE_APP_ARGS, *args.app_args]
+    args.out = args.out or (ROOT / "runs" / "bench-smoke" if args.smoke else ROOT / "bench" / "results")
     torch.set_num_threads(args.threads)
     data_dir = ensure_mnist(args.data_dir)
     device = device_for(args.accelerator)
@@ -256,7 +268,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results: dict[str, Any] = {
         "machine": machine(),
         "settings": {"target": args.target, "threads": args.threads, "device": str(device), "load": {},
-                     "command": " ".join(command)},
+                     "command": " ".join(command), "smoke": args.smoke},
         "runs": {},
     }  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import random
+import re
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +17,33 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("MNIST_DATA_DIR", ROOT / "data"))
+
+
+# handlers the app's callbacks install (SIGTERMCheckpoint, SLURMRequeue) and Lightning's signal connector
+SIGNALS = [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2]
+
+
+@pytest.fixture(autouse=True)
+def _global_state_restored():
+    """In-process ``main()`` changes process-wide state; each test gets back what it started with: the step agreement's
+    registry (``app.callbacks.agree``), the signal handlers, and every logger's level (Lightning and tools lower them).
+    """
+    from app.callbacks import agree
+
+    sources, agreed = dict(agree._sources), agree._agreed
+    handlers = {s: signal.getsignal(s) for s in SIGNALS}
+    named = logging.Logger.manager.loggerDict.values()
+    loggers = [logging.getLogger(), *(lg for lg in named if isinstance(lg, logging.Logger))]
+    levels = {lg: lg.level for lg in loggers}
+    yield
+    agree._sources.clear()
+    agree._sources.update(sources)
+    agree._agreed = agreed
+    for s, handler in handlers.items():
+        if signal.getsignal(s) != handler and handler is not None:
+            signal.signal(s, handler)
+    for lg, level in levels.items():
+        lg.setLevel(level)
 
 
 @pytest.fixture(scope="session")
@@ -33,6 +65,30 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict
         text=True,
         timeout=timeout,
     )
+
+
+def free_port() -> int:
+    """A TCP port that nothing listens on now, for a rendezvous the test's processes bind later.
+
+    Chosen at random below the kernel's ephemeral range: a port the kernel just handed out (``bind(0)``) is the one it
+    may hand out again as the source port of any outgoing connection before the job binds it. What is left (another
+    process binding this very port meanwhile) shows as ``port_taken`` in the job's output: run it again then.
+    """
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(100):
+        port = random.randrange(20000, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port in 20000..{low}")
+
+
+def port_taken(output: str) -> bool:
+    """Whether a job failed because its rendezvous port was in use (c10d's EADDRINUSE)."""
+    return re.search(r"EADDRINUSE|address already in use", output, re.IGNORECASE) is not None
 
 
 def fast_trainer(tmp_path, **kwargs):

@@ -63,6 +63,7 @@ class OfflineRun:
     project: str = ""
     group: str = ""
     resumed: bool = False
+    started: float | None = None  # wandb.init's time (s since the epoch, ns precision), from the run record
     config: dict = field(default_factory=dict)
     history: list[dict] = field(default_factory=list)
     artifacts: list[dict] = field(default_factory=list)
@@ -90,6 +91,8 @@ def read_run(path: str | Path) -> OfflineRun:
         if kind == "run":
             run.run_id, run.project, run.group = record.run.run_id, record.run.project, record.run.run_group
             run.resumed = run.resumed or bool(record.run.resumed)
+            if record.run.HasField("start_time") and run.started is None:
+                run.started = record.run.start_time.seconds + record.run.start_time.nanos / 1e9
             for item in record.run.config.update:
                 run.config[_key(item)] = json.loads(item.value_json)
         elif kind == "config":
@@ -103,9 +106,26 @@ def read_run(path: str | Path) -> OfflineRun:
     return run
 
 
+def _folder_time(run: OfflineRun) -> float:
+    """The ``YYYYMMDD_HHMMSS`` of ``offline-run-YYYYMMDD_HHMMSS-<id>`` (local time, one-second resolution)."""
+    import time
+
+    stamp = run.path.parent.name.split("-")[2]
+    return time.mktime(time.strptime(stamp, "%Y%m%d_%H%M%S"))
+
+
 def offline_runs(root: str | Path) -> list[OfflineRun]:
-    """Every offline run below ``root`` (each ``offline-run-*`` folder), oldest first."""
-    return [read_run(d) for d in sorted(Path(root).rglob("offline-run-*")) if d.is_dir()]
+    """Every offline run below ``root`` (each ``offline-run-*`` folder), oldest first.
+
+    Ordered by the run record's start time, which has sub-second precision: the folder name has whole seconds only,
+    so two runs started within one second (a quick requeue) would be ordered by their random ids. A run killed
+    before its run record was written falls back to the folder's second; runs that cannot be told apart fail here.
+    """
+    runs = [read_run(d) for d in Path(root).rglob("offline-run-*") if d.is_dir()]
+    runs.sort(key=lambda r: r.started if r.started is not None else _folder_time(r))
+    keys = [r.started if r.started is not None else _folder_time(r) for r in runs]
+    assert len(set(keys)) == len(keys), f"offline runs with the same start time cannot be ordered: {runs}"
+    return runs
 
 
 def tensorboard_scalars(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:

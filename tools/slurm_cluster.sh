@@ -14,6 +14,9 @@
 #                  preflight says so when it is missing).
 #   SLURM_CI_AUTH  none (default, no munged needed) | munge
 #   SLURM_CI_CPUS  CPUs advertised per node            (default 4; more than nproc works thanks to config_overrides)
+# The daemons' ports (slurmctld, each slurmd) are free ones chosen at each start, not Slurm's fixed 6817/6818: those
+# clash with another cluster on the machine (another checkout's tests, a real Slurm). `env` gives SLURM_CONF, which
+# holds them.
 set -euo pipefail
 D=${SLURM_CI_DIR:-/tmp/dptrain-slurm}
 NODES=${SLURM_CI_NODES:-2}
@@ -35,11 +38,31 @@ install() {
 
 node_names() { if [ "$NODES" = 1 ]; then echo localhost; else seq -f 'n%g' 1 "$NODES"; fi; }
 
+# free_ports N: N distinct TCP ports nothing listens on, at random below the kernel's ephemeral range (a port there
+# can be handed out to an outgoing connection at any time)
+free_ports() {
+  python3 - "$1" <<'PY'
+import random, socket, sys
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+ports = set()
+while len(ports) < int(sys.argv[1]):
+    port = random.randrange(20000, low)
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+    ports.add(port)
+print(" ".join(map(str, ports)))
+PY
+}
+
 write_conf() {
   # a fresh cluster each start: state recovered from an earlier one can hold a node in "completing" for minutes
   rm -rf "$D/state" "$D/spool"
   mkdir -p "$D"/{state,spool,log,run}
   local cred=none; [ "$AUTH" = munge ] && cred=munge
+  local ports; read -r -a ports <<< "$(free_ports $((NODES + 2)))"  # slurmctld, slurmd (one node), one per node
   cat > "$SLURM_CONF" <<EOF
 ClusterName=ci
 SlurmctldHost=localhost(127.0.0.1)
@@ -49,8 +72,8 @@ AuthInfo=cred_expire=5
 CommunicationParameters=NoInAddrAny
 SlurmUser=root
 SlurmdUser=root
-SlurmctldPort=6817
-SlurmdPort=6818
+SlurmctldPort=${ports[0]}
+SlurmdPort=${ports[1]}
 StateSaveLocation=$D/state
 SlurmdSpoolDir=$D/spool/%n
 SlurmctldPidFile=$D/run/slurmctld.pid
@@ -79,14 +102,14 @@ MinJobAge=600
 KillWait=5
 Waittime=0
 EOF
-  local port=17000 n
+  local i=2 n
   for n in $(node_names); do
-    port=$((port + 1))
     if [ "$NODES" = 1 ]; then
       echo "NodeName=$n NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=1000 State=UNKNOWN" >> "$SLURM_CONF"
     else
-      echo "NodeName=$n NodeHostname=localhost NodeAddr=127.0.0.1 Port=$port CPUs=$CPUS RealMemory=1000 State=UNKNOWN" >> "$SLURM_CONF"
+      echo "NodeName=$n NodeHostname=localhost NodeAddr=127.0.0.1 Port=${ports[$i]} CPUs=$CPUS RealMemory=1000 State=UNKNOWN" >> "$SLURM_CONF"
     fi
+    i=$((i + 1))
     mkdir -p "$D/spool/$n"
   done
   echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP" >> "$SLURM_CONF"
@@ -95,10 +118,28 @@ EOF
 running() { [ -f "$D/run/slurmctld.fg.pid" ] && kill -0 "$(cat "$D/run/slurmctld.fg.pid")" 2>/dev/null; }
 
 start() {
-  local t0; t0=$(date +%s.%N)
+  local t0 attempt; t0=$(date +%s.%N)
   if running; then log "already running (SLURM_CONF=$SLURM_CONF)"; sinfo >&2; return 0; fi
   command -v slurmctld >/dev/null || { log "slurm is not installed: run '$0 install' first (as root)"; return 1; }
-  write_conf
+  for attempt in 1 2 3; do  # again with other ports if one was taken between choosing and binding it
+    write_conf
+    launch_daemons
+    for _ in $(seq 150); do   # up to 30 s
+      if [ "$(sinfo -h -o '%T %D' 2>/dev/null)" = "idle $NODES" ]; then
+        log "cluster up in $(python3 -c "import sys; print(round($(date +%s.%N) - $t0, 2))") s; export SLURM_CONF=$SLURM_CONF"
+        sinfo >&2; return 0
+      fi
+      if grep -qi "address already in use" "$D"/log/*.out "$D"/log/*.log 2>/dev/null; then break; fi
+      sleep 0.2
+    done
+    grep -qi "address already in use" "$D"/log/*.out "$D"/log/*.log 2>/dev/null || break
+    log "a port was taken meanwhile (attempt $attempt); starting again with other ports"
+    stop; rm -f "$D"/log/*
+  done
+  log "cluster did not come up"; sinfo >&2 || true; tail -n 30 "$D"/log/*.out >&2 || true; return 1
+}
+
+launch_daemons() {
   if [ "$AUTH" = munge ]; then
     mkdir -p /run/munge && chown munge:munge /run/munge
     [ -s /etc/munge/munge.key ] || { mungekey --create --force && chown munge:munge /etc/munge/munge.key; }
@@ -114,14 +155,6 @@ start() {
     slurmd -D -N "$n" -f "$SLURM_CONF" > "$D/log/slurmd-$n.out" 2>&1 &
     echo $! > "$D/run/slurmd-$n.fg.pid"
   done
-  for _ in $(seq 150); do   # up to 30 s
-    if [ "$(sinfo -h -o '%T %D' 2>/dev/null)" = "idle $NODES" ]; then
-      log "cluster up in $(python3 -c "import sys; print(round($(date +%s.%N) - $t0, 2))") s; export SLURM_CONF=$SLURM_CONF"
-      sinfo >&2; return 0
-    fi
-    sleep 0.2
-  done
-  log "cluster did not come up"; sinfo >&2 || true; tail -n 30 "$D"/log/*.out >&2 || true; return 1
 }
 
 stop() {

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import sys
+import threading
 import time
 
 import torch.distributed as dist
@@ -17,6 +19,12 @@ def torch_message(exception: BaseException) -> str:
     """The first sentence of torch's message, without gloo's source location: ``Read error [10.0.0.7]:41234: ...``."""
     first = (str(exception).strip().splitlines() or [type(exception).__name__])[0]
     return re.sub(r"^\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", first).split(". ")[0][:240]
+
+
+# one report per process: the main thread and Lightning's poller thread may both find the lost rank (a module-level
+# lock: the callback itself stays picklable and deep-copyable, as Lightning expects of callbacks)
+_REPORTING = threading.Lock()
+CHILD_EXIT_S = 2.0  # how long rank 0 waits for a local rank whose connection broke to show its exit status
 
 
 class LostRankError(SystemExit):
@@ -35,38 +43,74 @@ class LostRank(Callback):
 
     With NCCL a dead peer usually makes the survivors block until the process-group timeout (``--launch.timeout``),
     after which torch's watchdog ends the process itself; this callback reports whatever reaches Python.
+
+    Under Lightning's own launcher a thread of rank 0 also polls the other local ranks every 5 s and SIGKILLs rank 0
+    when one has died, saying only ``Child process with PID ... terminated`` at INFO level. When it gets there first
+    (the rank died while rank 0 was not in a collective), this callback's report is what it prints instead, and rank
+    0 exits with status 1 as it would here; when this callback gets there first, the poller stands down.
     """
 
     def __init__(self, roll_call_s: float = 5.0) -> None:
         self.roll_call_s = roll_call_s
         self._failures = 0
+        self._reported = False
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        for thread in threading.enumerate():  # Lightning's _ChildProcessObserver, started by its launcher on rank 0
+            if thread.name == "child-process-observer" and hasattr(thread, "_terminate_all"):
+                thread._terminate_all = lambda observer=thread: self._child_died(trainer, observer)
+
+    def _child_died(self, trainer: Trainer, observer: threading.Thread) -> None:
+        """Lightning's poller found a dead local rank: report it as a lost rank, stop the others, exit 1."""
+        with _REPORTING:
+            if self._reported:  # the main thread is already reporting it and ending the process
+                return
+            self._reported = True
+        lost, how = self._dead_children(trainer) or ([], "a local rank ended")
+        print(self._message(lost, trainer.world_size, how, trainer.global_rank, None), file=sys.stderr, flush=True)
+        for proc in getattr(observer, "_child_processes", []):
+            if proc.poll() is None:
+                proc.kill()
+        os._exit(1)  # from this thread: the main thread may be blocked in a collective with the dead rank
+
+    @staticmethod
+    def _message(lost: list[int], world: int, how: str, rank: int, torch_says: str | None) -> str:
+        names = ", ".join(map(str, lost)) if lost else "unknown"
+        torch_says = f" torch: {torch_says}." if torch_says else ""
+        return (
+            f"error: lost rank {names} of {world} ({how}); rank {rank} stops too.{torch_says} "
+            "Fix: look at the lost rank's log and exit status (out of memory? killed by the scheduler? node down?), "
+            "then resume the job with `--ckpt_path last`."
+        )
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if not (dist.is_available() and dist.is_initialized() and trainer.world_size > 1):
             return
         if isinstance(exception, SystemExit) or not PEER_GONE.search(str(exception)):
             return
+        with _REPORTING:
+            if self._reported:  # Lightning's poller is reporting it and ending the process
+                return
+            self._reported = True
         rank, world = trainer.global_rank, trainer.world_size
         self._failures += 1
         lost, how = self._dead_children(trainer) or self._roll_call(rank, world)
         torch_says = torch_message(exception)
-        names = ", ".join(map(str, lost)) if lost else "unknown"
         for logger in trainer.loggers:
             logger.finalize("failed")
         # raised here, ending the process: the rest of Lightning's teardown would only touch the broken process group
-        raise LostRankError(
-            f"error: lost rank {names} of {world} ({how}); rank {rank} stops too. torch: {torch_says}. "
-            "Fix: look at the lost rank's log and exit status (out of memory? killed by the scheduler? node down?), "
-            "then resume the job with `--ckpt_path last`."
-        )
+        raise LostRankError(self._message(lost, world, how, rank, torch_says))
 
     @staticmethod
     def _dead_children(trainer: Trainer) -> tuple[list[int], str] | None:
         """Under Lightning's own launcher, rank 0 started the other local ranks and sees how they ended."""
         procs = getattr(trainer.strategy.launcher, "procs", None) or []
-        dead = {i + 1: p.poll() for i, p in enumerate(procs) if p.poll() not in (None, 0)}
-        if not dead:
-            return None
+        # the dead rank's sockets close while it exits, a moment before its exit status can be read: wait for it
+        deadline = time.monotonic() + (CHILD_EXIT_S if procs else 0)
+        while not (dead := {i + 1: p.poll() for i, p in enumerate(procs) if p.poll() not in (None, 0)}):
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.05)
         codes = ", ".join(f"rank {r} pid {procs[r - 1].pid} exit {code}" for r, code in dead.items())
         return list(dead), f"{codes}; a negative exit is the signal that ended it, -9 = SIGKILL, e.g. the OOM killer"
 

@@ -7,6 +7,7 @@ PRIMITIVES = ["send_recv", "isend_irecv", "broadcast", "scatter", "gather", "red
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # the shared parity job (tests/distributed/conftest.py)
 @pytest.mark.parametrize("primitive", PRIMITIVES)
 def test_primitive_gives_the_known_values(parity, primitive):
     assert parity["collectives"][primitive], f"{primitive} returned wrong values on some rank"

@@ -8,7 +8,7 @@ import pytest
 from tests.distributed.conftest import AMP_MODES, EXACT_MODES, STEPS
 
 TOL = 1e-5
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # one torchrun job of every mode and scenario
 
 
 @pytest.mark.parametrize("scenario", ["plain", "accumulate"])
@@ -58,10 +58,15 @@ def test_shards_are_disjoint_and_change_with_the_epoch(parity, scenario):
 def test_fp16_overflow_on_one_rank_is_skipped_by_every_rank(parity, mode):
     """Gradients are averaged before the GradScaler unscales them, so rank 1's inf reaches rank 0 and both skip."""
     facts = parity["scenarios"]["amp"]["modes"][mode]
-    ddp = parity["scenarios"]["amp"]["modes"]["ddp"]
     assert facts["loss_scale_same_on_ranks"] and facts["ranks_identical"], facts
-    assert facts["loss_scale"] == ddp["loss_scale"] < 2.0**16  # the step was skipped and the scale backed off
-    assert facts["max_diff_vs_ddp"] < TOL
+    # one overflow: the initial scale 2^16 halved once (it grows back only after 2000 good steps); the README's figure
+    assert facts["loss_scale"] == 32768.0, facts
+    assert facts["steps"] == STEPS
+
+
+@pytest.mark.parametrize("mode", [m for m in AMP_MODES if m != "ddp"])
+def test_fp16_overflow_skips_leave_the_same_weights_as_ddp(parity, mode):
+    assert parity["scenarios"]["amp"]["modes"][mode]["max_diff_vs_ddp"] < TOL
 
 
 def test_the_table_says_why_batchnorm_differs_from_single_device(parity):

@@ -3,23 +3,33 @@ parameters, bit for bit, as an uninterrupted run of the same length (model, opti
 random generators). Single device in this process; ``ddp`` and ``allreduce`` in one 2-process gloo job (torchrun)
 that runs the three legs of both modes in one process group, to keep process launches few.
 
+The network is ``mnist_cnn``, which has dropout: its masks come from the torch generator, so a generator that is not
+restored changes the weights. ``RNGProbe`` also makes every rank's generators different from the others' (each rank
+draws a different number of values in the first epoch) and records them when the second epoch's first batch starts,
+so the test sees that each rank got its own state back, not rank 0's and not a fresh seed.
+
 Run as a module (``torchrun ... -m tests.distributed.test_resume OUT DATA``) it is that job.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import pickle
+import random
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from lightning.pytorch import Callback
 
 ROOT = Path(__file__).resolve().parents[2]
 CRASH = "tests.distributed.test_resume.CrashAfterFirstEpoch"
+PROBE = "tests.distributed.test_resume.RNGProbe"
 
 
 class SimulatedCrash(RuntimeError):
@@ -34,12 +44,51 @@ class CrashAfterFirstEpoch(Callback):
             raise SimulatedCrash("simulated crash after the first epoch")
 
 
+def rng_digest() -> dict[str, str]:
+    """A fingerprint of this process's torch, numpy and python random generators."""
+    states = {"torch": torch.get_rng_state().numpy().tobytes(), "numpy": pickle.dumps(np.random.get_state()),
+              "python": pickle.dumps(random.getstate())}  # fmt: skip
+    return {name: hashlib.sha1(state).hexdigest()[:16] for name, state in states.items()}
+
+
+class RNGProbe(Callback):
+    """Rank R draws R + 1 values from each generator when the first epoch starts (the ranks' states then differ), and
+    records the generators when the second epoch's first batch starts (in a resumed run: right after the restore);
+    ``at_second_epoch`` is every rank's record, gathered when training ends."""
+
+    def __init__(self) -> None:
+        self.mine: dict[str, str] | None = None
+        self.at_second_epoch: list[dict[str, str] | None] = []
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        if trainer.current_epoch == 0:
+            draws = trainer.global_rank + 1
+            torch.rand(draws), np.random.rand(draws), [random.random() for _ in range(draws)]
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.current_epoch == 1 and batch_idx == 0:
+            self.mine = rng_digest()
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        import torch.distributed as dist
+
+        self.at_second_epoch = [self.mine]
+        if trainer.world_size > 1:
+            self.at_second_epoch = [None] * trainer.world_size
+            dist.all_gather_object(self.at_second_epoch, self.mine)
+
+
+def _probe(cli) -> list[dict[str, str] | None]:
+    (probe,) = [c for c in cli.trainer.callbacks if isinstance(c, RNGProbe)]
+    return probe.at_second_epoch
+
+
 def common_args(root: Path, data_dir: str) -> list[str]:
     return [
         "--trainer.default_root_dir", str(root), "--data.data_dir", str(data_dir), "--data.batch_size", "8",
         "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "4", "--trainer.limit_val_batches", "2",
         "--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false",
-        "--trainer.enable_model_summary", "false",
+        "--trainer.enable_model_summary", "false", "--model.arch", "mnist_cnn", f"--trainer.callbacks+={PROBE}",
     ]  # fmt: skip
 
 
@@ -64,20 +113,30 @@ def three_legs(workdir: Path, data_dir: str, extra: list[str]) -> dict:
         "steps": [full.trainer.global_step, resumed.trainer.global_step],
         "epochs": [full.trainer.current_epoch, resumed.trainer.current_epoch],
         "lr": [full.trainer.optimizers[0].param_groups[0]["lr"], resumed.trainer.optimizers[0].param_groups[0]["lr"]],
+        # per rank: the generators when the second epoch started, uninterrupted vs resumed; and what was saved
+        "rng_full": _probe(full),
+        "rng_resumed": _probe(resumed),
+        "rng_saved_ranks": len(saved["callbacks"]["RNGState"]["ranks"]),
     }
 
 
-def check(facts: dict) -> None:
+def check(facts: dict, ranks: int) -> None:
     assert facts["checkpoint_epoch"] == 0 and facts["checkpoint_step"] == 4, facts  # the crash came after epoch 0
     assert facts["steps"] == [8, 8] and facts["epochs"] == [2, 2], facts
     assert facts["lr"][0] == facts["lr"][1], facts  # StepLR (per epoch) restored, not stepped twice
     assert facts["moved_in_second_epoch"] > 1e-3, facts  # the resumed run did train
     assert facts["max_diff"] == 0.0, f"resumed run differs from the uninterrupted one: {facts}"
+    # every rank's generators, saved and restored: the resumed run's equal the uninterrupted run's, rank by rank
+    assert facts["rng_saved_ranks"] == ranks, facts
+    assert len(facts["rng_full"]) == ranks and None not in facts["rng_full"], facts
+    assert facts["rng_resumed"] == facts["rng_full"], facts
+    for name in ("torch", "numpy", "python"):  # and they differ between the ranks: rank 0's would not do for rank 1
+        assert len({digest[name] for digest in facts["rng_full"]}) == ranks, (name, facts["rng_full"])
 
 
 @pytest.mark.slow
 def test_single_device_resume_is_exact(mnist_dir, tmp_path):
-    check(three_legs(tmp_path, str(mnist_dir), []))
+    check(three_legs(tmp_path, str(mnist_dir), []), ranks=1)
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +155,7 @@ def distributed_resume(mnist_dir, tmp_path_factory) -> dict:
 @pytest.mark.distributed
 @pytest.mark.parametrize("strategy", ["ddp", "allreduce"])
 def test_distributed_resume_is_exact(distributed_resume, strategy):
-    check(distributed_resume[strategy])
+    check(distributed_resume[strategy], ranks=2)
 
 
 def job(out: Path, data_dir: str) -> None:

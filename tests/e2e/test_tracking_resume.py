@@ -80,6 +80,7 @@ def test_killed_job_resumes_the_same_wandb_run_and_tensorboard_version_without_l
     runs = offline_runs(tmp_path)
     assert len(runs) == 2 and {r.run_id for r in runs} == {killed_run.run_id}, [(r.path, r.run_id) for r in runs]
     resumed = runs[-1]
+    assert resumed.path != killed_run.path, [r.path for r in runs]  # the second folder is the resumed run's
     steps = [row["trainer/global_step"] for row in resumed.history if "trainer/global_step" in row]
     assert steps and min(steps) >= saved["global_step"], (steps, saved["global_step"])  # continues, not from 0
     assert sorted(p.name for p in root.glob("version_*")) == ["version_0"]

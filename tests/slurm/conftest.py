@@ -1,4 +1,8 @@
-"""The throwaway SLURM cluster of ``tools/slurm_cluster.sh``; without it every ``slurm`` test skips saying how."""
+"""The throwaway SLURM cluster of ``tools/slurm_cluster.sh``; without it every ``slurm`` test skips saying how.
+
+Under ``.ci/run``, which starts the cluster and sets ``DPTRAIN_REQUIRE_SLURM=1``, a cluster that cannot be found (or
+has fewer nodes than a test needs) fails the tests instead: CI must not pass by skipping them.
+"""
 
 from __future__ import annotations
 
@@ -12,9 +16,19 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONF = "/tmp/dptrain-slurm/slurm.conf"  # where `tools/slurm_cluster.sh start` writes it by default
 START = "`bash tools/slurm_cluster.sh install && bash tools/slurm_cluster.sh start` (as root; .ci/run does it)"
+REQUIRED = os.environ.get("DPTRAIN_REQUIRE_SLURM") == "1"
+
+
+def skip_or_fail(reason: str) -> None:
+    """Skips, or fails when the cluster is required (CI started it)."""
+    if REQUIRED:
+        pytest.fail(f"DPTRAIN_REQUIRE_SLURM=1 (set by .ci/run after starting the cluster), but: {reason}")
+    pytest.skip(reason)
 
 
 def _cluster_env() -> dict[str, str] | None:
@@ -32,7 +46,7 @@ def slurm_env() -> dict[str, str]:
     """Environment for sbatch/srun against the running cluster (skips when there is none)."""
     env = _cluster_env()
     if env is None:
-        pytest.skip(f"no SLURM cluster is up (no sbatch, or sinfo fails for SLURM_CONF): start one with {START}")
+        skip_or_fail(f"no SLURM cluster is up (no sbatch, or sinfo fails for SLURM_CONF): start one with {START}")
     return env
 
 
@@ -43,10 +57,15 @@ def slurm_nodes(slurm_env) -> int:
 
 
 def submit(slurm_env: dict[str, str], *args: str) -> str:
-    """``python -m app.launch.slurm submit ARGS`` as a user runs it; returns the job id."""
+    """``python -m app.launch.slurm submit ARGS`` as a user runs it; returns the job id.
+
+    The job's rendezvous port is a free one, passed on by sbatch as ``MASTER_PORT``: Lightning's default derives it
+    from the job id (15000 + its last 4 digits), the same numbers for every throwaway cluster, which starts at job 1.
+    """
+    env = {**slurm_env, "MASTER_PORT": str(free_port())}
     out = subprocess.run(
         [sys.executable, "-m", "app.launch.slurm", "submit", *args],
-        cwd=ROOT, env=slurm_env, capture_output=True, text=True, timeout=300,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     match = re.search(r"submitted job (\d+)", out.stdout)

@@ -9,13 +9,33 @@ from pathlib import Path
 
 import pytest
 import torch
+from lightning.pytorch import Callback
 
-from tests.slurm.conftest import ROOT, job_info, submit, wait_job
+from app.callbacks import SLURMRequeue
+from tests.slurm.conftest import ROOT, job_info, skip_or_fail, submit, wait_job
 from tests.wandb_reader import offline_runs, requires_wandb
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-EPOCHS, BATCHES = 2, 100  # long enough epochs that SIGUSR1 lands mid-training
+EPOCHS, BATCHES = 2, 100
+HOLD = BATCHES + 20  # the step of the second epoch at which the SIGUSR1 job waits for the signal
+HOLD_CALLBACK = "tests.slurm.test_slurm_jobs.HoldUntilSignalled"
+
+
+class HoldUntilSignalled(Callback):
+    """At global step ``HOLD`` every rank says so (``<root>/held/rank<R>``) and waits, up to 300 s, until the app's
+    ``SLURMRequeue`` has received the SIGUSR1 the test then sends: the signal lands mid-training, never after it."""
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        if trainer.global_step != HOLD:
+            return
+        (requeue,) = [c for c in trainer.callbacks if isinstance(c, SLURMRequeue)]
+        folder = Path(trainer.default_root_dir) / "held"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"rank{trainer.global_rank}").write_text(str(trainer.global_step))
+        deadline = time.monotonic() + 300
+        while not requeue._requested and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 def fit_args(mnist_dir: Path, root: Path, epochs: int = EPOCHS, batches: int = BATCHES) -> list[str]:
@@ -54,7 +74,7 @@ def test_submitted_2_task_ddp_fit_completes_with_one_set_of_outputs(uninterrupte
 
 def test_two_nodes_one_task_each(slurm_env, slurm_nodes, mnist_dir, tmp_path):
     if slurm_nodes < 2:
-        pytest.skip("the cluster has one node: start it with SLURM_CI_NODES=2 (the default of tools/slurm_cluster.sh)")
+        skip_or_fail("the cluster has one node: start it with SLURM_CI_NODES=2 (the default of tools/slurm_cluster.sh)")
     args = fit_args(mnist_dir, tmp_path, epochs=1, batches=10)
     job = submit(slurm_env, "--nodes", "2", "--tasks-per-node", "1", "--time", "10:00", "--", *args)
     info = wait_job(slurm_env, job)
@@ -71,14 +91,15 @@ def test_sigusr1_checkpoints_requeues_and_resumes_to_the_same_step(slurm_env, mn
     # with W&B on (offline, as on a compute node without network): the requeued attempt must continue the same run
     env = {**{k: v for k, v in slurm_env.items() if not k.startswith("WANDB_")}, "WANDB_MODE": "offline"}
     wandb_config = ["--config", str(ROOT / "configs" / "logger" / "wandb.yaml")]
-    args = fit_args(mnist_dir, tmp_path)
+    args = [*fit_args(mnist_dir, tmp_path), f"--trainer.callbacks+={HOLD_CALLBACK}"]
     job = submit(env, "--tasks-per-node", "2", "--time", "10:00", "--", *args[:1], *wandb_config, *args[1:])
-    # the first epoch's checkpoint marks "training is under way, and not finished"
+    # both ranks wait at step HOLD (after the first epoch's checkpoint) until the signal has reached them
     deadline = time.monotonic() + 400
-    while not list(tmp_path.glob("version_*/checkpoints/last.ckpt")):
+    while not all((tmp_path / "held" / f"rank{r}").is_file() for r in (0, 1)):
         assert job_info(slurm_env, job).get("JobState") in ("PENDING", "RUNNING"), job_info(slurm_env, job)
-        assert time.monotonic() < deadline, "the job never finished its first epoch"
+        assert time.monotonic() < deadline, f"the job never reached step {HOLD}"
         time.sleep(0.2)
+    assert list(tmp_path.glob("version_*/checkpoints/last.ckpt"))  # the first epoch's checkpoint is there
     subprocess.run(["scancel", "--signal=USR1", job], env=slurm_env, check=True)
     info = wait_job(slurm_env, job)
     log = (tmp_path / f"slurm-{job}.out").read_text()

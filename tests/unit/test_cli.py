@@ -1,9 +1,11 @@
 """CLI parsing: every config file parses and instantiates; links; overrides; the run layout."""
 
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from app.cli import main
@@ -44,7 +46,19 @@ def test_fragments_stack_on_the_default(fragment, tmp_path):
             instantiate(*args, tmp_path=tmp_path)
         return
     cli = instantiate(*args, tmp_path=tmp_path)
-    assert cli.trainer is not None
+    trainer = yaml.safe_load(fragment.read_text())["trainer"]  # what the fragment sets is what the Trainer got
+    if "precision" in trainer:
+        assert cli.trainer.precision == trainer["precision"]
+    if "strategy" in trainer:
+        strategy = trainer["strategy"]
+        expected = "DataParallelStrategy" if strategy == "dp" else strategy["class_path"].rsplit(".", 1)[1]
+        assert type(cli.trainer.strategy).__name__ == expected
+        if isinstance(strategy, dict) and "timeout" in strategy["init_args"]:
+            assert cli.trainer.strategy._timeout == timedelta(minutes=30)
+    if "logger" in trainer:
+        loggers = trainer["logger"] if isinstance(trainer["logger"], list) else [trainer["logger"]]
+        names = [lg["class_path"].rsplit(".", 1)[1] for lg in loggers]
+        assert [type(lg).__name__ for lg in cli.trainer.loggers] == names
 
 
 def test_command_line_overrides_and_optimizer_injection(tmp_path):

@@ -16,7 +16,11 @@ the GIL for it), and a thread still freeing a work finishes while Python is full
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch.distributed as dist
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 
 def end_process_group() -> None:
@@ -28,3 +32,19 @@ def end_process_group() -> None:
     """
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def process_group_ended() -> Iterator[None]:
+    """Ends the process group when the block finishes its work, or stops on SIGTERM.
+
+    SIGTERM (``app.callbacks.SIGTERMCheckpoint``) stops every rank at the same step after a completed save, so no
+    collective is in flight and the exit status 143 must not turn into a SIGABRT either. Any other exception leaves
+    the group alone (a rank may have died with a collective still waiting on it).
+    """
+    try:
+        yield
+    except SIGTERMException:
+        end_process_group()
+        raise
+    end_process_group()

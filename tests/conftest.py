@@ -26,7 +26,8 @@ SIGNALS = [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2]
 @pytest.fixture(autouse=True)
 def _global_state_restored():
     """In-process ``main()`` changes process-wide state; each test gets back what it started with: the step agreement's
-    registry (``app.callbacks.agree``), the signal handlers, and every logger's level (Lightning and tools lower them).
+    registry (``app.callbacks.agree``), the signal handlers, every logger's level (Lightning and tools lower them) and
+    torch's default dtype.
     """
     from app.callbacks import agree
 
@@ -35,7 +36,9 @@ def _global_state_restored():
     named = logging.Logger.manager.loggerDict.values()
     loggers = [logging.getLogger(), *(lg for lg in named if isinstance(lg, logging.Logger))]
     levels = {lg: lg.level for lg in loggers}
+    dtype = torch.get_default_dtype()  # `*-true` precisions set it while building the model
     yield
+    torch.set_default_dtype(dtype)
     agree._sources.clear()
     agree._sources.update(sources)
     agree._agreed = agreed

@@ -57,7 +57,7 @@ def load_image(path: str) -> torch.Tensor | Image.Image:
     """The one place that picks the image decoder: RGB, as a uint8 [3, H, W] tensor or a PIL image.
 
     JPEGs go through torchvision's libjpeg-turbo decoder to a uint8 tensor, and the transforms then crop the tensor:
-    about 1.7x the images per CPU core of PIL (``bench/loader.py``). Anything else, and any JPEG that decoder
+    about twice the images per CPU core of PIL (``bench/results/loader.md``). Anything else, and any JPEG that decoder
     refuses, is read by PIL, which raises OSError for a file nobody can read. (torchvision is moving its decoders
     to torchcodec: when ``decode_jpeg`` goes, this function changes and nothing else.)
     """

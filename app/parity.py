@@ -257,17 +257,12 @@ def run_single(
     return _flat(list(model.parameters()))
 
 
-def devices_per_process(mode: str) -> int:
-    """GPUs one process of ``mode`` drives, from the registered strategy's layout (``ddp_mp``: its stages)."""
-    from lightning.pytorch.strategies import StrategyRegistry
-
-    return int(getattr(StrategyRegistry.get(mode), "devices_per_process", 1))
-
-
 def jobs(modes: list[str], nproc: int, gpus: int) -> dict[int, list[str]]:
     """Processes -> the modes that run in one torchrun job with that many. On GPUs a mode whose process drives
     ``k`` GPUs gets ``gpus // k`` processes (it cannot share the one-process-per-GPU job); on CPU all share ``nproc``.
     """
+    from app.launch.plan import devices_per_process
+
     out: dict[int, list[str]] = {}
     for mode in modes:
         n = max(1, nproc // devices_per_process(mode)) if gpus >= 2 else nproc

@@ -84,10 +84,16 @@ def devices_per_process(strategy: Any) -> int:
     given = _get(strategy, "devices_per_process")
     if given is not None:
         return int(given)
+    import inspect
+
     from lightning.pytorch.strategies import StrategyRegistry
 
     name = strategy_name(strategy)
-    return int(getattr(StrategyRegistry.get(name), "devices_per_process", 1)) if name in StrategyRegistry else 1
+    if name not in StrategyRegistry:
+        return 1
+    entry = StrategyRegistry[name]  # read, not instantiated: some strategies need packages that may be missing
+    default = inspect.signature(entry["strategy"]).parameters.get("devices_per_process")
+    return int(entry["init_params"].get("devices_per_process", default.default if default is not None else 1))
 
 
 @dataclass

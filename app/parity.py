@@ -258,15 +258,15 @@ def run_single(
 
 
 def jobs(modes: list[str], nproc: int, gpus: int) -> dict[int, list[str]]:
-    """Processes -> the modes that run in one torchrun job with that many. On GPUs a mode whose process drives
-    ``k`` GPUs gets ``gpus // k`` processes (it cannot share the one-process-per-GPU job); on CPU all share ``nproc``.
+    """Processes -> the modes that run in one torchrun job with that many. On GPUs (``nproc`` = the GPUs used) a mode
+    whose process drives ``k`` GPUs gets ``nproc // k`` processes, in a job of its own; on CPU all share ``nproc``.
     """
     from app.launch.plan import devices_per_process
 
     out: dict[int, list[str]] = {}
     for mode in modes:
         n = max(1, nproc // devices_per_process(mode)) if gpus >= 2 else nproc
-        out.setdefault(nproc if n == nproc else n, []).append(mode)
+        out.setdefault(n, []).append(mode)
     return out
 
 

@@ -43,7 +43,8 @@ clean:
 
 # --- GPU machine (bench/gpu_check.py) -------------------------------------------------------------------------------
 # The target image has Python 3.12 with torch, torchvision, lightning, torchmetrics, tensorboard and rich, no network.
-# `make gpu-wheels` (here, with network) downloads what it lacks into .gpu-wheels/ (cp312, manylinux x86_64);
+# `make gpu-wheels` (here, with network) downloads what it lacks into .gpu-wheels/ (cp312, manylinux x86_64), and the
+# test photos the loader benchmark cuts its JPEGs from (the image has no scikit-image/scikit-learn/matplotlib);
 # `make gpu-check` (there) installs them with --no-index into .gpu-site/ and runs the check with the image's python.
 # GPU_CHECK_CPU=1 runs the same check on the CPU at tiny sizes (CI); GPU_CHECK_OUT=DIR picks where results go.
 GPU_WHEELS := .gpu-wheels
@@ -54,6 +55,7 @@ GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 gpu-wheels:
 	python3 -m pip download --dest $(GPU_WHEELS) --only-binary=:all: --python-version 3.12 --implementation cp \
 		--abi cp312 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 --platform any $(GPU_NEEDS)
+	$(BIN)/python -c "from bench.loader import export_photos; export_photos('$(GPU_WHEELS)/photos')"  # for bench.loader
 
 gpu-check:
 	@if ! $(GPU_PYTHON) -c "import jsonargparse, docstring_parser, typeshed_client, pytest" 2>/dev/null; then \

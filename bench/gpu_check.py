@@ -282,7 +282,9 @@ def bench_and_loader(out: Path) -> list[dict]:
                              120 if CPU else 300)]  # fmt: skip
     loader = [sys.executable, "-m", "bench.loader", "--dataloader-workers", str(z["loader_workers"]), "--images",
               str(z["loader_images"]), "--batch-size", str(8 if CPU else 256), "--out", str(out)]  # fmt: skip
-    rows.append(_subprocess_step(f"training loader, {z['loader_workers']} workers", loader, 120 if CPU else 240))
+    photos = ROOT / ".gpu-wheels" / "photos"  # the GPU image has no scikit-image, scikit-learn, matplotlib
+    env = {"BENCH_PHOTOS": str(photos)} if photos.is_dir() else None
+    rows.append(_subprocess_step(f"training loader, {z['loader_workers']} workers", loader, 120 if CPU else 240, env))
     try:  # is the GPU starved? the loader's img/s against the GPU's synthetic img/s (bf16 channels_last)
         fed = json.loads((out / "loader_dataloader.json").read_text())["img_per_s"]
         benches = [p for p in out.glob("gpu_*.json") if not p.name.startswith("gpu_check")]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -35,12 +36,27 @@ from bench.common import RESULTS, machine, machine_line, write_json
 DECODERS = ("pil", "tensor")
 
 
-def make_jpegs(folder: Path, count: int, size: tuple[int, int] = (500, 375), seed: int = 0) -> list[Path]:
-    """``count`` JPEGs of ``size`` (landscape or portrait, at random), quality 90, cut from the real photos."""
+def photo_files() -> list[Path]:
+    """The real photos: from ``$BENCH_PHOTOS`` (a folder; ``make gpu-wheels`` fills ``.gpu-wheels/photos`` for a
+    machine without scikit-image, scikit-learn and matplotlib), else from those packages, as the tests take them."""
+    if os.environ.get("BENCH_PHOTOS"):
+        return sorted(p for p in Path(os.environ["BENCH_PHOTOS"]).iterdir() if p.is_file())
     from tests.unit.test_imagenet import _photo_sources
 
+    return [p for files in _photo_sources().values() for p in files]
+
+
+def export_photos(folder: str | Path) -> None:
+    """Copies the real photos into ``folder`` (for ``$BENCH_PHOTOS``)."""
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    for path in photo_files():
+        shutil.copyfile(path, Path(folder) / path.name)
+
+
+def make_jpegs(folder: Path, count: int, size: tuple[int, int] = (500, 375), seed: int = 0) -> list[Path]:
+    """``count`` JPEGs of ``size`` (landscape or portrait, at random), quality 90, cut from the real photos."""
     rng = random.Random(seed)
-    photos = [Image.open(p).convert("RGB") for files in _photo_sources().values() for p in files]
+    photos = [Image.open(p).convert("RGB") for p in photo_files()]
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for index in range(count):

@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test lint clean slurm-up slurm-down update-pins
+.PHONY: venv demo test lint clean slurm-up slurm-down update-pins gpu-wheels gpu-check test-compat
 
 # The tested set of every package (constraints.txt), so that `make test` tomorrow installs what passed today.
 $(STAMP): setup.cfg pyproject.toml constraints.txt
@@ -53,3 +53,43 @@ lint: venv
 
 clean:
 	rm -rf $(VENV) runs lightning_logs
+
+# --- GPU machine (bench/gpu_check.py) -------------------------------------------------------------------------------
+# The target image has Python 3.12 with torch, torchvision, lightning, torchmetrics, tensorboard and rich, no network.
+# `make gpu-wheels` (here, with network) downloads what it lacks into .gpu-wheels/ (cp312, manylinux x86_64), and the
+# test photos the loader benchmark cuts its JPEGs from (the image has no scikit-image/scikit-learn/matplotlib);
+# `make gpu-check` (there) installs them with --no-index into .gpu-site/ and runs the check with the image's python.
+# GPU_CHECK_CPU=1 runs the same check on the CPU at tiny sizes (CI); GPU_CHECK_OUT=DIR picks where results go.
+GPU_WHEELS := .gpu-wheels
+GPU_SITE := .gpu-site
+GPU_NEEDS := "jsonargparse[signatures]>=4.32" docstring-parser typeshed-client pytest
+GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+
+gpu-wheels:
+	python3 -m pip download --dest $(GPU_WHEELS) --only-binary=:all: --python-version 3.12 --implementation cp \
+		--abi cp312 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 --platform any $(GPU_NEEDS)
+	$(BIN)/python -c "from bench.loader import export_photos; export_photos('$(GPU_WHEELS)/photos')"  # for bench.loader
+
+gpu-check:
+	@if ! $(GPU_PYTHON) -c "import jsonargparse, docstring_parser, typeshed_client, pytest" 2>/dev/null; then \
+		test -d $(GPU_WHEELS) || { echo "gpu-check: $(GPU_WHEELS)/ missing: run make gpu-wheels where there is network"; exit 1; }; \
+		$(GPU_PYTHON) -m pip install -q --no-index --find-links $(GPU_WHEELS) --target $(GPU_SITE) $(GPU_NEEDS) || exit 1; \
+	fi
+	PYTHONPATH=$(CURDIR)/$(GPU_SITE)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m bench.gpu_check
+
+# --- The oldest supported versions: Python 3.12, torch 2.11, torchvision 0.26, lightning 2.6.6, no wandb -------------
+# torch 2.11 comes from PyPI as its CUDA build (its CUDA libraries included: ~4.7 GB in .venv-compat; with --no-deps
+# it does not import: libcudnn.so.9 missing). PIP_CONSTRAINT= lifts this machine's pip constraint (newest versions).
+COMPAT_PYTHON ?= $(shell command -v python3.12 2>/dev/null || echo /root/.pyenv/versions/3.12.1/bin/python3.12)
+COMPAT_VENV ?= .venv-compat
+COMPAT_STAMP := $(COMPAT_VENV)/.installed-stamp
+
+$(COMPAT_STAMP): setup.cfg
+	test -x $(COMPAT_VENV)/bin/python || $(COMPAT_PYTHON) -m venv $(COMPAT_VENV)
+	PIP_CONSTRAINT= $(COMPAT_VENV)/bin/python -m pip install -q "setuptools<82" torch==2.11.0 torchvision==0.26.0 \
+		lightning==2.6.6 "torchmetrics>=1.4" "jsonargparse[signatures]>=4.32" "tensorboard>=2.15" "rich>=13" \
+		"pytest>=8" scikit-image scikit-learn matplotlib
+	touch $@
+
+test-compat: $(COMPAT_STAMP)
+	$(COMPAT_VENV)/bin/python -m pytest tests/unit -q -p no:cacheprovider $(PYTEST_ARGS)

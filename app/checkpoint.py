@@ -241,7 +241,10 @@ def _local_rng_state() -> dict[str, Any]:
 def _set_local_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"].cpu())
     if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+        # the run may resume with fewer visible GPUs than it saved states for (set_rng_state_all would raise
+        # IndexError): restore the devices that exist; a process only ever draws on its own device's generator
+        for index, saved in enumerate(state["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(saved.cpu(), index)
     n = state["numpy"]
     np.random.set_state(
         (n["kind"], n["keys"].cpu().numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])

@@ -2,7 +2,8 @@
 
 Runs the config's model for a few optimizer steps in every mode available here and prints, per mode, the largest
 parameter difference against a single-device run that sees the same global batches. The distributed modes run
-together in one ``torchrun`` job (N processes: one per GPU, or 2 gloo processes on CPU); the single-device
+together in one ``torchrun`` job (N processes: one per GPU, or 2 gloo processes on CPU; on GPUs ``ddp_mp`` runs in a
+job of its own, N / devices_per_process processes, and a failed job loses only its modes); the single-device
 reference then replays each global batch as the concatenation of the ranks' shards, in rank order, built from the
 very ``DistributedSampler`` settings (seed, shuffle, per-rank batch) the job reported. Dropout is switched off in all
 runs (its random masks cannot match across a different split of the batch). With BatchNorm each rank normalises by
@@ -178,7 +179,9 @@ def worker(spec_path: str) -> None:
         torch.cuda.set_device(device)
     # the process group comes up exactly as DDPStrategy brings it up; the strategies then find it initialised
     _init_dist_connection(TorchElasticEnvironment(), "nccl" if cuda else "gloo")
-    results: dict[str, Any] = {"collectives": check_collectives(device), "scenarios": {}}
+    # a point-to-point ring needs 2+ ranks; the collectives are checked once, in the one-process-per-device job
+    checks = check_collectives(device) if spec.get("collectives", True) and nproc > 1 else {}
+    results: dict[str, Any] = {"collectives": checks, "scenarios": {}}
     for scenario in spec["scenarios"]:
         overrides = ["--trainer.devices", str(nproc), "--trainer.strategy", "ddp"]
         model0, datamodule, config = build([*scenario["args"], *overrides], workdir)
@@ -211,7 +214,7 @@ def worker(spec_path: str) -> None:
             out["modes"][mode] = facts
         results["scenarios"][scenario["name"]] = out
     if dist.get_rank() == 0:
-        (workdir / "results.json").write_text(json.dumps(results, indent=1))
+        Path(spec.get("results", workdir / "results.json")).write_text(json.dumps(results, indent=1))
     dist.barrier()
     end_process_group()
 
@@ -259,46 +262,99 @@ def run_single(
     return _flat(list(model.parameters()))
 
 
-def compare(scenarios: list[dict], steps: int, nproc: int, workdir: Path, accelerator: str = "auto") -> dict:
-    """Runs the torchrun job and the references; returns the job's facts with ``max_diff_vs_single``/``_vs_ddp``."""
+def jobs(modes: list[str], nproc: int, gpus: int) -> dict[int, list[str]]:
+    """Processes -> the modes that run in one torchrun job with that many. On GPUs (``nproc`` = the GPUs used) a mode
+    whose process drives ``k`` GPUs gets ``nproc // k`` processes, in a job of its own; on CPU all share ``nproc``.
+    """
+    from app.launch.plan import devices_per_process
+
+    out: dict[int, list[str]] = {}
+    for mode in modes:
+        n = max(1, nproc // devices_per_process(mode)) if gpus >= 2 else nproc
+        out.setdefault(n, []).append(mode)
+    return out
+
+
+def _run_job(scenarios: list[dict], steps: int, nproc: int, workdir: Path, accelerator: str, main: bool) -> dict:
+    """One torchrun job of ``nproc`` processes over the scenarios; raises RuntimeError with its output if it fails."""
     spec = {"scenarios": scenarios, "steps": steps, "workdir": str(workdir), "accelerator": accelerator}
-    (workdir / "spec.json").write_text(json.dumps(spec))
+    spec |= {"collectives": main, "results": str(workdir / f"results-{nproc}.json")}
+    spec_path = workdir / f"spec-{nproc}.json"
+    spec_path.write_text(json.dumps(spec))
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    command += ["-m", "app.parity", "--worker", str(workdir / "spec.json")]
+    command += ["-m", "app.parity", "--worker", str(spec_path)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     job = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
-    if job.returncode != 0 or not (workdir / "results.json").exists():
+    if job.returncode != 0 or not Path(spec["results"]).exists():
         raise RuntimeError(f"parity job failed (exit {job.returncode}):\n{job.stdout[-4000:]}\n{job.stderr[-8000:]}")
-    results = json.loads((workdir / "results.json").read_text())
+    return json.loads(Path(spec["results"]).read_text())
+
+
+def compare(scenarios: list[dict], steps: int, nproc: int, workdir: Path, accelerator: str = "auto") -> dict:
+    """Runs the torchrun job(s) and the references; returns the jobs' facts with ``max_diff_vs_single``/``_vs_ddp``.
+
+    Modes needing another process count (``ddp_mp`` on GPUs) run in a job of their own; a job that fails records
+    ``error`` for its modes and the other jobs' results are kept. Raises RuntimeError only if every job failed.
+    """
+    gpus = torch.cuda.device_count() if accelerator != "cpu" else 0  # nproc = GPUs used, when there are 2+
+    results: dict[str, Any] = {"collectives": {}, "scenarios": {s["name"]: {"modes": {}} for s in scenarios}}
+    worlds: dict[str, dict[int, dict]] = {s["name"]: {} for s in scenarios}  # sampler facts per world size
+    failures = []
+    planned = jobs(list(dict.fromkeys(m for s in scenarios for m in s["modes"])), nproc, gpus)
+    for n, modes in planned.items():
+        subset = [{**s, "modes": [m for m in s["modes"] if m in modes]} for s in scenarios]
+        subset = [s for s in subset if s["modes"]]
+        try:
+            job = _run_job(subset, steps, n, workdir, accelerator, main=n == nproc)
+        except RuntimeError as err:
+            failures.append(str(err))
+            for s in subset:
+                for mode in s["modes"]:
+                    results["scenarios"][s["name"]]["modes"][mode] = {"error": str(err)[-2000:], "world": n}
+            continue
+        results["collectives"] |= job["collectives"]
+        for name, out in job["scenarios"].items():
+            worlds[name][n] = out["sampler"]
+            results["scenarios"][name].setdefault("sampler", out["sampler"])
+            for mode, facts in out["modes"].items():
+                results["scenarios"][name]["modes"][mode] = {**facts, "world": n}
+    if len(failures) == len(planned):
+        raise RuntimeError("\n".join(failures))
     for scenario in scenarios:
         out = results["scenarios"][scenario["name"]]
-        reference = (
-            run_single(scenario, out["sampler"], nproc, steps, workdir) if not scenario.get("fp16_scaler") else None
-        )
-        if torch.cuda.device_count() >= 2 and accelerator != "cpu" and reference is not None:
-            dp = run_single(scenario, out["sampler"], nproc, steps, workdir, "dp")
+        references = {}
+        if not scenario.get("fp16_scaler"):
+            for n, sampler in worlds[scenario["name"]].items():
+                references[n] = run_single(scenario, sampler, n, steps, workdir)
+        if gpus >= 2 and nproc in references:
+            dp = run_single(scenario, worlds[scenario["name"]][nproc], nproc, steps, workdir, "dp")
             torch.save(dp, workdir / f"{scenario['name']}.dp.pt")
-            out["modes"]["dp"] = {"ranks_identical": True}
-            scenario = {**scenario, "modes": [*scenario["modes"], "dp"]}
+            out["modes"]["dp"] = {"ranks_identical": True, "world": nproc}  # one process, nproc GPUs
         ddp = workdir / f"{scenario['name']}.ddp.pt"
-        for mode in scenario["modes"]:
+        for mode, facts in out["modes"].items():
+            if "error" in facts:
+                continue
             params = torch.load(workdir / f"{scenario['name']}.{mode}.pt")
-            facts = out["modes"][mode]
+            reference = references.get(facts["world"])
             facts["max_diff_vs_single"] = None if reference is None else (params - reference).abs().max().item()
-            if ddp.exists():
+            if ddp.exists() and out["modes"].get("ddp", {}).get("world") == facts["world"]:
                 facts["max_diff_vs_ddp"] = (params - torch.load(ddp)).abs().max().item()
     return results
 
 
 def table(results: dict) -> str:
-    lines = ["collectives: " + ", ".join(f"{k} {'ok' if v else 'FAILED'}" for k, v in results["collectives"].items())]
+    checks = results["collectives"]
+    lines = ["collectives: " + (", ".join(f"{k} {'ok' if v else 'FAILED'}" for k, v in checks.items()) or "not run")]
     for name, out in results["scenarios"].items():
-        sampler = out["sampler"]
+        sampler = out.get("sampler", {})
         lines.append(
             f"\n[{name}] shards disjoint: {sampler.get('disjoint')}, change with the epoch: "
             f"{sampler.get('epochs_differ')}\n{'mode':<22}{'max |diff| vs single':>22}{'vs ddp':>12}  ranks identical"
         )
         for mode, facts in out["modes"].items():
+            if "error" in facts:
+                lines.append(f"{mode:<22}FAILED ({facts['world']} processes): {facts['error'].strip()[-300:]}")
+                continue
             vs_single, vs_ddp = (facts.get(k) for k in ("max_diff_vs_single", "max_diff_vs_ddp"))
             scale = f"  (loss scale {facts['loss_scale']:g})" if "loss_scale" in facts else ""
             lines.append(

@@ -138,10 +138,11 @@ def measure(config: tuple, args: argparse.Namespace, device: str) -> dict[str, A
     shape = (args.batch_size, 3, args.image_size, args.image_size)
     batch = (torch.randn(shape, device=device), torch.randint(0, 1000, (args.batch_size,), device=device))
     window = Window()
+    # benchmark=True: cuDNN autotunes each convolution shape once, as the ImageNet reference scripts do
     trainer = Trainer(
         accelerator=device, devices=1, precision=precision, max_epochs=1, limit_val_batches=0,
         num_sanity_val_steps=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, callbacks=[window], default_root_dir=args.workdir,
+        enable_model_summary=False, callbacks=[window], default_root_dir=args.workdir, benchmark=True,
     )  # fmt: skip
     began = time.perf_counter()
     trainer.fit(model, train_dataloaders=RepeatBatch(batch, args.warmup + args.steps))
@@ -160,6 +161,38 @@ def measure(config: tuple, args: argparse.Namespace, device: str) -> dict[str, A
         "peak_flops": peak, "mfu": mfu(img_s, args.arch, args.image_size, peak), "last_loss": loss,
         "loss_finite": loss is not None and math.isfinite(loss),
     }  # fmt: skip
+
+
+def measure_plain(config: tuple, args: argparse.Namespace, device: str) -> dict[str, Any]:
+    """The same network, batch, optimizer and precision as a plain PyTorch loop (no Lightning): its step time."""
+    from modules import zoo
+
+    name, precision, tf32, channels_last, _ = config
+    _set_tf32(tf32)
+    torch.manual_seed(0)
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    net = zoo.build(args.arch, num_classes=1000, in_channels=3).to(device, memory_format=memory_format)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-5)
+    half = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
+    scaler = torch.amp.GradScaler(device, enabled=precision == "16-mixed")
+    shape = (args.batch_size, 3, args.image_size, args.image_size)
+    x = torch.randn(shape, device=device).contiguous(memory_format=memory_format)
+    y = torch.randint(0, 1000, (args.batch_size,), device=device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    for step in range(args.warmup + args.steps):
+        if step == args.warmup:
+            sync()
+            start = time.perf_counter()
+        with torch.autocast(device, dtype=half or torch.float32, enabled=half is not None):
+            loss = torch.nn.functional.cross_entropy(net(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+    sync()
+    seconds = time.perf_counter() - start
+    del net, optimizer, x, y
+    return {"config": name, "step_ms": seconds / args.steps * 1e3}
 
 
 def mnist_time_to_accuracy(args: argparse.Namespace, device: str) -> dict[str, Any]:
@@ -204,6 +237,10 @@ def markdown(results: dict[str, Any]) -> str:
         lines.append(f"| {r['config']} | {r['img_per_s']:.0f} | {r['step_ms']:.1f} | {mfu} | {peak} | {loss} |")
     for skipped in results["skipped"]:
         lines.append(f"| {skipped} | skipped: --budget-s reached | | | | |")
+    if results.get("plain"):
+        p = results["plain"]
+        lines += ["", f"App step / plain PyTorch loop step ({p['config']}, same process, same batch): "
+                  f"{p['app_over_plain']:.3f}x (plain {p['step_ms']:.1f} ms)."]  # fmt: skip
     lines += ["", f"MNIST time to 99%: `{json.dumps(results['mnist'])[:1500]}`"]
     return "\n".join(lines)
 
@@ -243,7 +280,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if unknown:
             parser.error(f"--configs: unknown {', '.join(unknown)}; choose from {', '.join(c[0] for c in CONFIGS)}")
         configs = [c for c in CONFIGS if c[0] in names]
-    began, rows, skipped = time.perf_counter(), [], []
+    began, rows, skipped, plain = time.perf_counter(), [], [], None
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
         args.workdir = tmp
         for config in configs:
@@ -252,6 +289,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 continue
             rows.append(measure(config, args, device))
             print(f"{rows[-1]['config']:<32} {rows[-1]['img_per_s']:8.0f} img/s", flush=True)
+            if plain is None:  # the first configuration again as a plain PyTorch loop, in this same process
+                plain = measure_plain(config, args, device)
+                plain["app_over_plain"] = rows[-1]["step_ms"] / plain["step_ms"]
+                print(f"{'  plain PyTorch loop':<32} {plain['step_ms']:8.1f} ms/step", flush=True)
     info = machine()
     command = "python -m bench.gpu " + " ".join(argv if argv is not None else sys.argv[1:]).strip()
     flop = flop_per_image(args.arch, args.image_size)
@@ -269,6 +310,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "command": command,
         },  # fmt: skip
         "throughput": rows,
+        "plain": plain,
         "skipped": skipped,
         "mnist": {"skipped": "--skip-mnist / --smoke"}
         if args.skip_mnist or args.smoke

@@ -32,6 +32,15 @@ class OverflowOnRank1(Callback):
             batch[0].fill_(float("inf"))
 
 
+class HalveGradientsAfterBackward(Callback):
+    """Edits every gradient in on_after_backward (as gradient scaling or clipping code does), on every rank."""
+
+    def on_after_backward(self, trainer, pl_module) -> None:
+        for param in pl_module.parameters():
+            if param.grad is not None:
+                param.grad.mul_(0.5)
+
+
 def scenarios(data_dir: str) -> list[dict]:
     # mnist_cnn: no BatchNorm, so every mode must equal one device exactly (the default mnist_fast has BatchNorm)
     common = ["--data.data_dir", str(data_dir), "--data.batch_size", "8", "--model.arch", "mnist_cnn", *SGD]
@@ -50,6 +59,12 @@ def scenarios(data_dir: str) -> list[dict]:
             "name": "batchnorm",
             "args": [*common, "--model.arch", "resnet18", "--trainer.limit_train_batches", "3"],
             "modes": EXACT_MODES,
+        },
+        {  # gradients edited in on_after_backward: every mode must apply the edit (allreduce_overlap dropped it)
+            "name": "grad_edits",
+            "args": [*common, "--trainer.limit_train_batches", "3"],
+            "modes": AMP_MODES,
+            "callbacks": ["bench.parity:HalveGradientsAfterBackward"],
         },
         {  # fp16 with a GradScaler: an overflow on one rank must make every rank skip the same step
             "name": "amp",

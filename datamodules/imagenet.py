@@ -14,6 +14,8 @@ on the accelerator after the transfer (the prefetcher trick of the Apex ImageNet
 
 from __future__ import annotations
 
+import functools
+import io
 import warnings
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, default_collate
 from torchvision.datasets import ImageFolder
+from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms import v2
 
 from datamodules.base import ImageDataModule
@@ -47,6 +50,27 @@ class _Skipped:
         self.path = path
 
 
+_JPEG_MAGIC = b"\xff\xd8\xff"
+
+
+def load_image(path: str) -> torch.Tensor | Image.Image:
+    """The one place that picks the image decoder: RGB, as a uint8 [3, H, W] tensor or a PIL image.
+
+    JPEGs go through torchvision's libjpeg-turbo decoder to a uint8 tensor, and the transforms then crop the tensor:
+    about twice the images per CPU core of PIL (``bench/results/loader.md``). Anything else, and any JPEG that decoder
+    refuses, is read by PIL, which raises OSError for a file nobody can read. (torchvision is moving its decoders
+    to torchcodec: when ``decode_jpeg`` goes, this function changes and nothing else.)
+    """
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:3] == _JPEG_MAGIC:
+        try:
+            return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+        except RuntimeError:
+            pass  # truncated or unusual JPEGs: PIL decides, with the same error as for every other format
+    return Image.open(io.BytesIO(data)).convert("RGB")
+
+
 class ImageFolderChecked(ImageFolder):
     """An ``ImageFolder`` whose unreadable images stop the run naming the file, or are skipped when asked."""
 
@@ -57,8 +81,7 @@ class ImageFolderChecked(ImageFolder):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int] | _Skipped:
         path, target = self.samples[index]
         try:
-            with open(path, "rb") as f:
-                image = Image.open(f).convert("RGB")
+            image = load_image(path)
         except (OSError, ValueError, SyntaxError) as err:  # PIL's UnidentifiedImageError and truncation are OSErrors
             if self.skip_unreadable:
                 return _Skipped(path)
@@ -101,11 +124,17 @@ class SyntheticImages(Dataset):
         return self.images[index % len(self.images)], self.labels[index]
 
 
+@functools.cache
+def _mean_std(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    # made once per device: building them from Python numbers is a blocking host-to-device copy on a GPU
+    mean = torch.tensor(MEAN, device=device).view(3, 1, 1) * 255
+    std = torch.tensor(STD, device=device).view(3, 1, 1) * 255
+    return mean, std
+
+
 def normalize(images: torch.Tensor) -> torch.Tensor:
     """uint8 images [N, 3, H, W] (or [3, H, W]) with values 0..255 -> float32 normalised by the ImageNet mean/std."""
-    shape = (3, 1, 1)
-    mean = torch.tensor(MEAN, device=images.device).view(shape) * 255
-    std = torch.tensor(STD, device=images.device).view(shape) * 255
+    mean, std = _mean_std(images.device)
     return (images.float() - mean) / std
 
 
@@ -256,7 +285,11 @@ class ImageNetDataModule(ImageDataModule):
         if rest:
             self._note_skipped(rest[0])
         if images.dtype == torch.uint8:
+            # Lightning already cast the batch to the precision's input dtype (16-true, bf16-true) before this hook,
+            # when it was still uint8: cast the normalised float32 images the same way
             images = normalize(images)
+            if self.trainer is not None:
+                images = self.trainer.precision_plugin.convert_input(images)
         return images, labels
 
     def _note_skipped(self, paths: list[str]) -> None:

@@ -40,6 +40,9 @@ class ImageClassifier(LightningModule):
             (counted in optimizer steps; 0 = no warmup; Goyal et al. use 5 for large batches).
         channels_last: keep weights and inputs in NHWC memory format (faster convolutions on tensor cores).
         compile: compile the network with ``torch.compile`` (parameter names stay unchanged in checkpoints).
+        float32_matmul_precision: ``high`` lets float32 matrix multiplications use TF32 tensor cores (Ampere and
+            newer; cuDNN convolutions already do by default), as ``torch.set_float32_matmul_precision``; set when
+            the run starts, for the whole process. None leaves PyTorch's setting (``highest``) alone.
     """
 
     def __init__(
@@ -55,6 +58,7 @@ class ImageClassifier(LightningModule):
         warmup_epochs: float = 0.0,
         channels_last: bool = False,
         compile: bool = False,
+        float32_matmul_precision: Literal["highest", "high", "medium"] | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
@@ -82,6 +86,8 @@ class ImageClassifier(LightningModule):
         )
 
     def setup(self, stage: str) -> None:
+        if self.hparams.get("float32_matmul_precision"):
+            torch.set_float32_matmul_precision(self.hparams.float32_matmul_precision)
         # The model summary runs this input through the network for its FLOPs and in/out sizes column (all 0
         # without it). Not with compile: the summary's no_grad forward would compile a second graph at start-up.
         shape = getattr(self.trainer.datamodule, "input_shape", None) if self._trainer is not None else None

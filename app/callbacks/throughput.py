@@ -16,7 +16,11 @@ from lightning.pytorch.utilities.data import extract_batch_size
 
 
 def data_parallel_devices(trainer: Trainer) -> int:
-    """Devices the global batch is spread over: the world size, or the GPUs of one ``dp`` process."""
+    """Devices the global batch runs on: the world size x the distinct devices of each process's stages (``ddp_mp``
+    splits each process's model over several GPUs), or the GPUs of one ``dp`` process."""
+    stages = getattr(trainer.strategy, "stage_devices", None)
+    if stages is not None:
+        return trainer.world_size * len(set(stages))
     return trainer.world_size if trainer.world_size > 1 else max(1, trainer.num_devices)
 
 

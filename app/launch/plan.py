@@ -79,6 +79,23 @@ def strategy_name(strategy: Any) -> str:
     return class_path
 
 
+def devices_per_process(strategy: Any) -> int:
+    """GPUs each process drives (``ddp_mp``: its stages): the config's value, else the registered strategy's default."""
+    given = _get(strategy, "devices_per_process")
+    if given is not None:
+        return int(given)
+    import inspect
+
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    name = strategy_name(strategy)
+    if name not in StrategyRegistry:
+        return 1
+    entry = StrategyRegistry[name]  # read, not instantiated: some strategies need packages that may be missing
+    default = inspect.signature(entry["strategy"]).parameters.get("devices_per_process")
+    return int(entry["init_params"].get("devices_per_process", default.default if default is not None else 1))
+
+
 @dataclass
 class Plan:
     """What the run will do; ``problems`` are fatal, ``notes`` are printed with the plan."""
@@ -97,6 +114,7 @@ class Plan:
     timeout: float | None
     accumulate: int = 1
     lr_reference_batch_size: int | None = None
+    devices_per_process: int = 1  # ddp_mp: the GPUs each process splits its model over
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -224,7 +242,10 @@ class Plan:
             if per_node:
                 first = node * per_node
                 ranks = f"ranks {first}-{first + per_node - 1}" if per_node > 1 else f"rank {first}"
-                devices = f"{dev}:0-{per_node - 1}" if per_node > 1 else f"{dev}:0"
+                gpus = per_node * (self.devices_per_process if dev == "cuda" else 1)
+                devices = f"{dev}:0-{gpus - 1}" if gpus > 1 else f"{dev}:0"
+                if dev == "cuda" and self.devices_per_process > 1:
+                    devices += f" ({self.devices_per_process} per process)"
                 if self.is_dp:
                     ranks, devices = "rank 0 (one process)", f"{dev}:0-{(self.devices or 1) - 1} via DataParallel"
                 lines.append(f"  node {node} {host}: {ranks} -> {devices}")
@@ -278,6 +299,7 @@ def build(config: Any, launch: Launch | None = None, timeout: float | None = Non
         resume=str(resume) if resume else None,
         timeout=timeout,
         accumulate=int(trainer.get("accumulate_grad_batches") or 1),
+        devices_per_process=devices_per_process(trainer.get("strategy") or "auto"),
     ).check()
     plan.problems += config_problems(config)
     return plan
@@ -361,8 +383,7 @@ def machine_problems(plan: Plan, config: Any, cuda_devices: int | None = None) -
     problems: list[str] = []
     have = torch.cuda.device_count() if cuda_devices is None else cuda_devices
     accelerator = plan.accelerator.lower()
-    strategy = config.trainer.get("strategy")
-    per_process = int(_get(strategy, "devices_per_process", default=2)) if plan.strategy == "ddp_mp" else 1
+    per_process = plan.devices_per_process
     on_gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and have > 0)
     devices = config.trainer.get("devices")
     indices = devices if isinstance(devices, (list, tuple)) else str(devices).split(",") if "," in str(devices) else []
@@ -386,6 +407,10 @@ def machine_problems(plan: Plan, config: Any, cuda_devices: int | None = None) -
         )
     elif on_gpu and per_process > 1 and have % per_process:
         plan.notes.append(f"ddp_mp: {have} GPUs do not divide by devices_per_process {per_process}; some stay idle.")
+    if plan.is_dp and on_gpu and need > 1 and _get(config, "model", "compile"):
+        from app.strategies.dp import COMPILE_REFUSED
+
+        problems.append(COMPILE_REFUSED)
     if plan.precision in ("16-mixed", "16") and not on_gpu:
         # Lightning would warn and quietly train bf16-mixed: not what was asked for, so it stops here
         problems.append(

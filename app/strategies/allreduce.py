@@ -23,9 +23,11 @@ _WIRE_DTYPES = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 class AllReduceStrategy(DDPStrategy):
     """Broadcasts rank 0's weights at start, then averages gradients with ``all_reduce``, once per optimizer step.
 
-    The average happens inside the optimizer-step closure: after the last micro-batch's backward (once per step with
-    ``accumulate_grad_batches``), before AMP's ``unscale_``, clipping and ``scaler.step``, so an inf/NaN on one rank
-    reaches every rank and all GradScalers skip the same steps. A missing gradient is sent as zeros by every rank (the
+    The average happens inside the optimizer-step closure, at the end of the last micro-batch's backward (once per
+    step with ``accumulate_grad_batches``), before AMP's ``unscale_``, clipping and ``scaler.step``, so an inf/NaN on
+    one rank reaches every rank and all GradScalers skip the same steps. As with DDP, ``on_after_backward`` hooks see
+    the averaged gradients, in every variant, and an edit made there applies on top of the average. A missing
+    gradient is sent as zeros by every rank (the
     ranks issue the same collectives and never hang); if no rank has one, it stays None, as under DDP.
 
     Args:
@@ -58,6 +60,7 @@ class AllReduceStrategy(DDPStrategy):
         self._pending: list[tuple[Any, Callable[[], None]]] = []  # (work, write-back) of launched buckets
         self._hooks: list[Any] = []
         self._has_grad: list[bool] = []  # per launched parameter: did this rank have a gradient
+        self._averaged = False  # the armed backward has averaged its gradients
 
     @override
     def configure_ddp(self) -> None:
@@ -93,7 +96,7 @@ class AllReduceStrategy(DDPStrategy):
 
     def _on_grad_ready(self, index: int, bucket: list[nn.Parameter]) -> Callable[[Tensor], None]:
         def hook(_param: Tensor) -> None:
-            if not self._armed:
+            if not self._armed or self._averaged:
                 return
             self._arrived[index] += 1
             # DDP's rule: launch strictly in bucket order, so every rank issues the same sequence of collectives
@@ -144,18 +147,33 @@ class AllReduceStrategy(DDPStrategy):
                 param.grad = None
         self._pending, self._next, self._has_grad = [], 0, []
         self._arrived = [0] * len(self._buckets)
+        self._averaged = True
+
+    @override
+    def pre_backward(self, closure_loss: Tensor) -> None:
+        super().pre_backward(closure_loss)
+        if self._armed and closure_loss.requires_grad:
+            # Average when the autograd engine finishes this backward, as DDP's reducer does: before Lightning calls
+            # on_after_backward. Averaging after it would drop edits made there in the overlap variant (its buckets
+            # were copied during backward) and keep them in the others.
+            closure_loss.register_hook(self._average_when_backward_ends)
+
+    def _average_when_backward_ends(self, grad: Tensor) -> Tensor:
+        torch.autograd.Variable._execution_engine.queue_callback(self.average_gradients)
+        return grad
 
     @override
     def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any], model: Any = None, **kwargs: Any) -> Any:
         # Lightning runs this closure (training_step + backward) only for the micro-batch that ends an accumulation
         # window, and the precision plugin runs it before unscale/clip/step: the one right spot to average.
         def closure_then_average() -> Any:
-            self._armed = self.overlap
+            self._armed, self._averaged = True, False
             try:
                 result = closure()
             finally:
                 self._armed = False
-            self.average_gradients()
+            if not self._averaged:  # backward was skipped on this rank (training_step returned None): still take part
+                self.average_gradients()
             return result
 
         return super().optimizer_step(optimizer, closure_then_average, model, **kwargs)

@@ -14,7 +14,10 @@ import logging
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from lightning.fabric.utilities.apply_func import move_data_to_device
+from lightning.fabric.utilities.distributed import _init_dist_connection
+from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import nn
@@ -31,8 +34,10 @@ def split_units(model: nn.Module, min_units: int) -> tuple[nn.Module, list[nn.Mo
     """The blocks to place on stages, in order, and the module whose output leaves the last stage.
 
     Descends while a module has a single child holding state (e.g. LightningModule -> net), then expands the
-    largest block (a ResNet stage into its residual blocks) until there are at least ``min_units`` blocks and none
-    holds more than ``1 / min_units`` of the parameters, or it cannot be divided further.
+    largest ``nn.Sequential`` block (a ResNet stage into its residual blocks) until there are at least ``min_units``
+    blocks and none holds more than ``1 / min_units`` of the parameters, or no block can be divided further.
+    Only ``nn.Sequential`` is expanded, because only its forward is its children in order: any other module (a
+    residual block adds its input to its output) may combine its children's tensors, so it stays on one device.
     Modules without parameters or buffers are not placed: they run wherever their input is.
     """
     parent = model
@@ -45,22 +50,44 @@ def split_units(model: nn.Module, min_units: int) -> tuple[nn.Module, list[nn.Mo
     units = [c for c in parent.children() if _has_state(c)] or [parent]
     total = sum(p.numel() for p in parent.parameters())
     while True:  # expand the largest block while there are too few blocks or it alone outweighs a stage
-        largest = max(units, key=lambda m: sum(p.numel() for p in m.parameters()))
+        divisible = [u for u in units if isinstance(u, nn.Sequential) and any(_has_state(c) for c in u.children())]
+        if not divisible:
+            return parent, units
+        largest = max(divisible, key=lambda m: sum(p.numel() for p in m.parameters()))
         children = [c for c in largest.children() if _has_state(c)]
-        too_big = sum(p.numel() for p in largest.parameters()) * min_units > total
-        if not children or (len(units) >= min_units and not too_big):
+        biggest = max(sum(p.numel() for p in u.parameters()) for u in units)
+        if len(units) >= min_units and biggest * min_units <= total:
             return parent, units
         index = units.index(largest)
         units[index : index + 1] = children
 
 
 def balance(units: list[nn.Module], stages: int) -> list[int]:
-    """Stage index of each unit: contiguous groups with about ``total / stages`` parameters each."""
+    """Stage index of each unit: contiguous groups, every stage used (when there are enough units), the largest
+    group's parameter count as small as possible (the linear partition problem, solved exactly)."""
     sizes = [sum(p.numel() for p in u.parameters()) for u in units]
-    total, done, out = max(sum(sizes), 1), 0, []
+    n, k = len(sizes), min(stages, len(sizes))
+    if k <= 1:
+        return [0] * n
+    prefix = [0]
     for size in sizes:
-        out.append(min(stages - 1, int(stages * (done + size / 2) / total)))
-        done += size
+        prefix.append(prefix[-1] + size)
+    # cost[j][i]: the smallest possible largest group when the first i units form j groups; cut[j][i]: its last cut
+    inf = float("inf")
+    cost = [[inf] * (n + 1) for _ in range(k + 1)]
+    cut = [[0] * (n + 1) for _ in range(k + 1)]
+    cost[0][0] = 0
+    for j in range(1, k + 1):
+        for i in range(j, n + 1):
+            for m in range(j - 1, i):
+                worst = max(cost[j - 1][m], prefix[i] - prefix[m])
+                if worst < cost[j][i]:
+                    cost[j][i], cut[j][i] = worst, m
+    out, i = [0] * n, n
+    for j in range(k, 0, -1):
+        m = cut[j][i]
+        out[m:i] = [j - 1] * (i - m)
+        i = m
     return out
 
 
@@ -130,8 +157,36 @@ class DDPModelParallelStrategy(DDPStrategy):
         return hook
 
     @override
+    def setup_distributed(self) -> None:
+        if self.devices_per_process == 1 or self.root_device.type == "cpu":
+            return super().setup_distributed()
+        # Lightning passes device_id=root_device, which binds NCCL to the first stage's GPU: DDP's broadcast and
+        # gradient all-reduce of the later stages' tensors would then be refused ("backend constrained to cuda:0").
+        # Unbound, NCCL makes one communicator per device the tensors live on.
+        reset_seed()
+        self.set_world_ranks()
+        self._process_group_backend = self._get_process_group_backend()
+        assert self.cluster_environment is not None
+        _init_dist_connection(self.cluster_environment, self._process_group_backend, timeout=self._timeout)
+
+    @override
     def determine_ddp_device_ids(self) -> list[int] | None:
         return None  # a module spanning several devices must be wrapped with device_ids=None
+
+    @override
+    def barrier(self, *args: Any, **kwargs: Any) -> None:
+        if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+            # without device_ids NCCL guesses the GPU as rank % GPU count: another process's GPU under ddp_mp
+            dist.barrier(device_ids=[self.root_device.index])
+        else:
+            super().barrier(*args, **kwargs)
+
+    @override
+    def teardown(self) -> None:
+        for handle in self._handles:  # after fit the model runs where the user puts it, without stage hooks
+            handle.remove()
+        self._handles = []
+        super().teardown()
 
     @override
     def load_optimizer_state_dict(self, checkpoint: Any) -> None:

@@ -17,6 +17,7 @@ from typing_extensions import override
 
 # LightningModule step -> stage name given to ``log_step`` (the protocol of modules.ImageClassifier)
 _STAGES = {"training_step": "train", "validation_step": "val", "test_step": "test"}
+CHANNELS_LAST = torch.channels_last
 
 
 def _splits_steps(module: nn.Module, step: str) -> bool:
@@ -46,6 +47,28 @@ class StepDispatcher(nn.Module):
             out = getattr(self.module, step)(*args, **kwargs)
             # gather concatenates along dim 0: give scalars a dimension, so the gathered loss is a vector
             return out.reshape(1) if isinstance(out, Tensor) and out.dim() == 0 else out
+
+
+COMPILE_REFUSED = (
+    "dp cannot run a compiled model (model.compile): nn.Module.compile() binds the compiled forward to the module it "
+    "was called on, and DataParallel's replicas copy that binding, so every GPU would run the first GPU's weights. "
+    "Fix: --trainer.strategy ddp (one process per GPU, compile works there), or --model.compile false."
+)
+
+
+class _DataParallel(nn.DataParallel):
+    """DataParallel whose replicas keep the master's memory format (channels_last weights stay channels_last)."""
+
+    def replicate(self, module: nn.Module, device_ids: Any) -> list[nn.Module]:
+        replicas = super().replicate(module, device_ids)
+        # the broadcast hands the replicas contiguous (NCHW) copies; NHWC inputs would then make cuDNN convert
+        # every weight in every step, on every GPU but the first
+        for replica in replicas:
+            for master, copy in zip(module.modules(), replica.modules(), strict=True):
+                for name, param in master._parameters.items():
+                    if param is not None and param.dim() == 4 and param.is_contiguous(memory_format=CHANNELS_LAST):
+                        setattr(copy, name, getattr(copy, name).contiguous(memory_format=CHANNELS_LAST))
+        return replicas
 
 
 class DataParallelStrategy(ParallelStrategy):
@@ -130,7 +153,9 @@ class DataParallelStrategy(ParallelStrategy):
         dispatcher = StepDispatcher(model, self.precision_plugin.forward_context)
         if self.root_device.type != "cuda":
             return dispatcher  # same code path, no replicas
-        return nn.DataParallel(dispatcher, device_ids=[d.index for d in self.parallel_devices])
+        if len(self.parallel_devices) > 1 and any(m._compiled_call_impl is not None for m in model.modules()):
+            raise RuntimeError(COMPILE_REFUSED)
+        return _DataParallel(dispatcher, device_ids=[d.index for d in self.parallel_devices])
 
     def _run(self, step: str, *args: Any, **kwargs: Any) -> Any:
         assert self.model is not None and self.lightning_module is not None

@@ -11,6 +11,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from app.cli import main
 from datamodules import MNISTDataModule
 from modules import ImageClassifier
+from tests.wandb_reader import requires_wandb
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 FRAGMENTS = sorted(p for p in CONFIGS.rglob("*.yaml") if p.parent != CONFIGS)
@@ -38,7 +39,11 @@ def test_top_level_configs_parse(config, tmp_path):
     assert cli.model.hparams.num_classes == cli.datamodule.num_classes
 
 
-@pytest.mark.parametrize("fragment", FRAGMENTS, ids=lambda p: str(p.relative_to(CONFIGS)))
+@pytest.mark.parametrize(
+    "fragment",
+    [pytest.param(f, marks=requires_wandb) if f.stem == "wandb" else f for f in FRAGMENTS],
+    ids=lambda p: str(p.relative_to(CONFIGS)),
+)
 def test_fragments_stack_on_the_default(fragment, tmp_path):
     args = ("--config", str(CONFIGS / "mnist.yaml"), "--config", str(fragment))
     if fragment.stem == "fp16_mixed" and not torch.cuda.is_available():  # parsed, then refused by the preflight

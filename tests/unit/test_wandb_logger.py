@@ -56,6 +56,7 @@ def test_wandb_config_builds_tensorboard_and_wandb_in_the_run_folder(clean_home,
     assert "group" not in wb._wandb_init  # single node: no group
 
 
+@requires_wandb
 def test_multi_node_jobs_get_a_group(clean_home, tmp_path, monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     monkeypatch.delenv("WANDB_RUN_GROUP", raising=False)

@@ -1,0 +1,109 @@
+"""The GPU code paths' defects that only a GPU can show (issue 13; the CPU half is tests/unit/test_gpu_paths.py).
+
+Not yet run on a GPU: no device was available when these were written (see README, GPU section).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from lightning.pytorch import Callback, Trainer, seed_everything
+
+import app  # noqa: F401  (registers the strategy names)
+from app.callbacks import Throughput
+from app.checkpoint import _local_rng_state, _set_local_rng_state
+from app.strategies import DDPModelParallelStrategy
+from datamodules import ImageNetDataModule, MNISTDataModule
+from datamodules.imagenet import normalize
+from modules import ImageClassifier
+from tests.conftest import requires_cuda
+
+pytestmark = pytest.mark.gpu
+
+
+def _trainer(tmp_path, **kwargs) -> Trainer:
+    defaults = dict(
+        accelerator="cuda", devices=1, max_steps=4, limit_val_batches=2, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path, log_every_n_steps=1,
+    )  # fmt: skip
+    return Trainer(**{**defaults, **kwargs})
+
+
+def _synthetic(batch_size: int = 8) -> ImageNetDataModule:
+    return ImageNetDataModule(
+        batch_size=batch_size, num_workers=0, image_size=32, synthetic=True, synthetic_train_size=64,
+        synthetic_val_size=16, num_classes=10,
+    )  # fmt: skip
+
+
+@requires_cuda(1)
+def test_normalize_makes_no_blocking_copy_after_the_first_batch():
+    images = torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8, device="cuda")
+    normalize(images)  # the first call builds the statistics on the device
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = normalize(images)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert out.dtype == torch.float32 and out.device == images.device
+
+
+@requires_cuda(1)
+def test_rng_restore_with_fewer_visible_gpus_than_saved_states():
+    torch.cuda.init()
+    state = _local_rng_state()
+    expected = torch.rand(3, device="cuda:0")
+    saved = {**state, "cuda": state["cuda"] * 2}  # as saved by a run that saw twice as many GPUs
+    _set_local_rng_state(saved)  # raised IndexError: more saved CUDA states than visible devices
+    assert torch.equal(torch.rand(3, device="cuda:0"), expected)
+
+
+@requires_cuda(1)
+@pytest.mark.parametrize("precision", ["16-true", "bf16-true"])
+def test_half_true_precisions_train_the_imagenet_datamodule(tmp_path, precision):
+    model = ImageClassifier(arch="resnet18", num_classes=10, in_channels=3)
+    trainer = _trainer(tmp_path, precision=precision)
+    trainer.fit(model, _synthetic())
+    dtype = {"16-true": torch.float16, "bf16-true": torch.bfloat16}[precision]
+    assert trainer.global_step == 4 and next(model.parameters()).dtype == dtype
+
+
+class _Devices(Callback):
+    def on_train_end(self, trainer, pl_module):
+        self.devices = {p.device for p in pl_module.parameters()}
+
+
+@requires_cuda(2)
+def test_ddp_mp_two_stages_on_nccl_fit_and_teardown(tmp_path):
+    """NCCL must not be bound to the first stage's GPU; blocks are cut whole; hooks are gone after fit."""
+    seed_everything(0)
+    model = ImageClassifier(arch="resnet18", num_classes=10, in_channels=3)
+    strategy = DDPModelParallelStrategy(devices_per_process=2)
+    devices = _Devices()
+    trainer = _trainer(tmp_path, strategy=strategy, callbacks=[Throughput(window=2), devices])
+    trainer.fit(model, _synthetic())
+    assert trainer.global_step == 4
+    assert devices.devices == {torch.device("cuda", 0), torch.device("cuda", 1)}
+    metrics = trainer.callback_metrics
+    assert metrics["perf/images_per_sec_per_device"] == pytest.approx(metrics["perf/images_per_sec"] / 2)
+    assert sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules()) == 0
+
+
+@requires_cuda(2)
+def test_dp_refuses_a_compiled_model(mnist_dir, tmp_path):
+    model = ImageClassifier(arch="mnist_cnn", compile=True)
+    with pytest.raises(RuntimeError, match="dp cannot run a compiled model"):
+        _trainer(tmp_path, devices=2, strategy="dp").fit(model, MNISTDataModule(data_dir=str(mnist_dir)))
+
+
+@requires_cuda(2)
+def test_dp_replicas_keep_channels_last_weights(mnist_dir, tmp_path):
+    model = ImageClassifier(arch="mnist_cnn", channels_last=True)
+    seen: dict[int, bool] = {}
+
+    def record(module, args, output):
+        seen[module.weight.device.index] = module.weight.is_contiguous(memory_format=torch.channels_last)
+
+    model.net[0].register_forward_hook(record)
+    _trainer(tmp_path, devices=2, strategy="dp", max_steps=2).fit(model, MNISTDataModule(data_dir=str(mnist_dir)))
+    assert seen == {0: True, 1: True}

@@ -1,6 +1,9 @@
 """Train, validate, test or predict: ``python cli.py fit [--config configs/mnist.yaml] [--config ...]``."""
 
 from app.cli import main
+from app.launch.group import process_group_ended
 
 if __name__ == "__main__":
-    main()
+    # every rank ends its process group before Python finalizes, or a gloo thread can abort the exit (app/launch/group)
+    with process_group_ended():
+        main()

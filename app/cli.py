@@ -23,7 +23,6 @@ import app  # noqa: F401  (registers the strategy names before the parser reads 
 from app.callbacks import StopAtAccuracy
 from app.checkpoint import AtomicCheckpointIO, check_arch, check_fits, read_checkpoint
 from app.errors import UsageError, UserError, explain_parser_error, one_line, parser_options
-from app.launch.group import process_group_ended
 from app.launch.plan import apply_timeout, preflight, rendezvous_errors_explained
 from app.loggers import TrackingConfigCallback, prepare_loggers
 from app.quiet import silence_known_noise
@@ -205,11 +204,7 @@ def main(args: list[str] | None = None, run: bool = True, cli_class: type[CLI] |
     silence_known_noise()
     strict = {"allow_abbrev": False, "exit_on_error": not run}
     defaults = {"default_config_files": [str(DEFAULT_CONFIG)], **strict}
-    with (
-        user_errors_explained() if run else contextlib.nullcontext(),
-        rendezvous_errors_explained(),
-        process_group_ended() if run else contextlib.nullcontext(),  # before Python finalizes: app.launch.group
-    ):
+    with user_errors_explained() if run else contextlib.nullcontext(), rendezvous_errors_explained():
         return (cli_class or CLI)(
             ImageClassifier,
             LightningDataModule,

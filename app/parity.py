@@ -316,6 +316,7 @@ def compare(scenarios: list[dict], steps: int, nproc: int, workdir: Path, accele
         for name, out in job["scenarios"].items():
             worlds[name][n] = out["sampler"]
             results["scenarios"][name].setdefault("sampler", out["sampler"])
+            results["scenarios"][name].setdefault("batchnorm", out["batchnorm"])
             for mode, facts in out["modes"].items():
                 results["scenarios"][name]["modes"][mode] = {**facts, "world": n}
     if len(failures) == len(planned):

@@ -89,10 +89,11 @@ class ImageClassifier(LightningModule):
         if self.hparams.get("float32_matmul_precision"):
             torch.set_float32_matmul_precision(self.hparams.float32_matmul_precision)
         # The model summary runs this input through the network for its FLOPs and in/out sizes column (all 0
-        # without it). Not with compile: the summary's no_grad forward would compile a second graph at start-up.
+        # without it), in the dtype the precision gives real batches (16-true/bf16-true weights refuse float32).
+        # Not with compile: the summary's no_grad forward would compile a second graph at start-up.
         shape = getattr(self.trainer.datamodule, "input_shape", None) if self._trainer is not None else None
         if shape is not None and not self.hparams.get("compile"):
-            self.example_input_array = torch.zeros(1, *shape)
+            self.example_input_array = self.trainer.precision_plugin.convert_input(torch.zeros(1, *shape))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.hparams.get("channels_last") and x.dim() == 4:

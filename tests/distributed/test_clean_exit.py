@@ -57,7 +57,7 @@ def gloo_threads() -> int:
 
 
 def test_the_process_group_is_gone_when_main_returns(mnist_dir, tmp_path):
-    """The mechanism itself, on both ranks: once ``main()`` returns, no gloo worker thread is left that could still
+    """The mechanism itself, on both ranks: once ``cli.py`` has run, no gloo worker thread is left that could still
     free a collective's tensors while the interpreter finalizes (see ``app.launch.group``)."""
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
@@ -76,13 +76,17 @@ def test_the_process_group_is_gone_when_main_returns(mnist_dir, tmp_path):
 
 
 class _Probe(Callback):
+    during: int | None = None  # read back after the run (the instance is built by the CLI)
+
     def on_train_end(self, trainer, pl_module) -> None:
-        self.during = gloo_threads()
+        _Probe.during = gloo_threads()
 
 
-if __name__ == "__main__":  # one rank of the probe job above
-    from app.cli import main
+if __name__ == "__main__":  # one rank of the probe job above: `python cli.py ARGS` as its own __main__
+    import runpy
 
-    cli = main([*sys.argv[1:], "--trainer.callbacks+", "tests.distributed.test_clean_exit._Probe"])
-    during = next(c.during for c in cli.trainer.callbacks if type(c).__name__ == "_Probe")  # run as __main__
-    print(f"rank {os.environ['RANK']} gloo threads during the run: {during}, after main: {gloo_threads()}", flush=True)
+    sys.argv = [str(ROOT / "cli.py"), *sys.argv[1:], "--trainer.callbacks+", "tests.distributed.test_clean_exit._Probe"]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+    from tests.distributed.test_clean_exit import _Probe as Probe  # the class the CLI imported (not __main__'s)
+
+    print(f"rank {os.environ['RANK']} gloo threads during the run: {Probe.during}, after main: {gloo_threads()}")

@@ -60,11 +60,17 @@ class Probe(Callback):
         if stage == "fit":  # before the strategy broadcasts rank 0's weights and builds its buckets
             pl_module.net = RankDependentNet(pl_module.net, trainer.global_rank)
 
-    def on_after_backward(self, trainer, pl_module) -> None:
+    def on_fit_start(self, trainer, pl_module) -> None:
         strategy = trainer.strategy
         self.facts["buckets"] = len(strategy._buckets)
-        self.facts["launched_in_backward"].append(strategy._next)  # buckets all-reduced during backward
         self.facts["overlap"], self.facts["compression"] = strategy.overlap, strategy.compression
+        average = strategy.average_gradients
+
+        def counted() -> None:  # runs when backward ends: the buckets the gradient hooks launched during it
+            self.facts["launched_in_backward"].append(strategy._next)
+            average()
+
+        strategy.average_gradients = counted
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:  # after the average
         net = pl_module.net

@@ -96,7 +96,9 @@ def test_sigusr1_checkpoints_requeues_and_resumes_to_the_same_step(slurm_env, mn
     # both ranks wait at step HOLD (after the first epoch's checkpoint) until the signal has reached them
     deadline = time.monotonic() + 400
     while not all((tmp_path / "held" / f"rank{r}").is_file() for r in (0, 1)):
-        assert job_info(slurm_env, job).get("JobState") in ("PENDING", "RUNNING"), job_info(slurm_env, job)
+        state = job_info(slurm_env, job).get("JobState")
+        output = tmp_path / f"slurm-{job}.out"
+        assert state in ("PENDING", "RUNNING"), (state, output.read_text()[-3000:] if output.is_file() else "no log")
         assert time.monotonic() < deadline, f"the job never reached step {HOLD}"
         time.sleep(0.2)
     assert list(tmp_path.glob("version_*/checkpoints/last.ckpt"))  # the first epoch's checkpoint is there

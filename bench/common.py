@@ -8,7 +8,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -63,20 +62,13 @@ def run_job(
     imports (~10 s per process here) are paid once. Workers get the initialised default process group.
     ``progress``: the job's standard output (rank 0's progress lines) goes to the terminal instead of being captured.
     """
+    from app.launch.torchrun import run_torchrun_job
+
     workdir.mkdir(parents=True, exist_ok=True)
-    spec = workdir / "bench_spec.json"
-    spec.write_text(json.dumps({"tasks": tasks, "out": str(workdir / "bench_results.json")}))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    command += ["-m", "bench.common", str(spec)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    env.setdefault("OMP_NUM_THREADS", "1")  # torchrun would set it anyway (with a warning)
-    stdout = None if progress else subprocess.PIPE
-    job = subprocess.run(command, cwd=ROOT, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=timeout)
-    out = workdir / "bench_results.json"
-    if job.returncode != 0 or not out.exists():
-        output = (job.stdout or "")[-4000:] + "\n" + job.stderr[-8000:]
-        raise RuntimeError(f"benchmark job failed (exit {job.returncode}):\n{output}")
-    return json.loads(out.read_text())
+    spec, out = workdir / "bench_spec.json", workdir / "bench_results.json"
+    spec.write_text(json.dumps({"tasks": tasks, "out": str(out)}))
+    env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}  # torchrun would set it anyway (with a warning)
+    return run_torchrun_job("bench.common", [str(spec)], nproc, out, "benchmark", timeout, progress, env)
 
 
 def _worker(spec_path: str) -> None:

@@ -34,6 +34,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from app.strategies.layout import layout_of
 from bench.common import RESULTS, machine, machine_line, progress, run_job, summary, write_json
 
 # mode -> (processes it uses, plain counterpart(s) its ratio is taken against, app strategy name or None)
@@ -174,7 +175,7 @@ def _group(task: dict, arch: str, channels: int, precision: str, device: torch.d
             else:
                 clock = _step_clock(device)
                 # dp refuses a multi-process launch (torchrun's WORLD_SIZE); here rank 0 runs it as one process
-                env = {"WORLD_SIZE": "1"} if strategy == "dp" else {}
+                env = {"WORLD_SIZE": "1"} if layout_of(strategy).one_process else {}
                 with _env(env):
                     trainer = Trainer(
                         accelerator=device.type, devices=world if processes > 1 else 1, strategy=strategy,
@@ -194,8 +195,7 @@ def _default_callbacks(mode: str) -> list:
     """For ``app_ddp_callbacks``: the callbacks of ``configs/mnist.yaml`` that act on every training step."""
     if mode != "app_ddp_callbacks":
         return []
-    from app.callbacks import AMPHealth, LostRank, SIGTERMCheckpoint, SLURMRequeue, Throughput
-    from app.checkpoint import RNGState
+    from app.callbacks import AMPHealth, LostRank, RNGState, SIGTERMCheckpoint, SLURMRequeue, Throughput
 
     return [AMPHealth(), Throughput(), SLURMRequeue(), RNGState(), SIGTERMCheckpoint(), LostRank()]
 
@@ -216,7 +216,7 @@ def _env(values: dict[str, str]) -> Iterator[None]:
 
 def worker(task: dict) -> dict[str, Any]:
     """Runs inside the torchrun job (see ``bench.common.run_job``): every model x precision group in turn."""
-    import app  # noqa: F401  (registers the app's strategy names)
+    import app.strategies  # noqa: F401  (registers the app's strategy names)
 
     torch.set_num_threads(1)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)

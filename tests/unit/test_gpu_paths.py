@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch import Callback
 from torch import nn
 
-import app  # noqa: F401  (registers the strategy names)
+import app.strategies  # noqa: F401  (registers the strategy names)
 from app.launch.env import detect
 from app.launch.plan import build, machine_problems
 from app.launch.slurm import resolve_config

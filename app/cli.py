@@ -28,7 +28,7 @@ from app.checkpoint import (
 )
 from app.errors import UsageError, UserError, explain_parser_error, one_line, parser_options
 from app.launch.group import process_group_ended
-from app.launch.plan import preflight
+from app.launch.preflight import preflight
 from app.launch.rendezvous import apply_timeout, rendezvous_errors_explained
 from app.loggers import TrackingConfigCallback, continue_run_of, prepare_loggers, write_to_run_dir
 from app.quiet import silence_known_noise
@@ -122,7 +122,7 @@ def main(args: list[str] | None = None, run: bool = True, cli_class: type[CLI] |
     """Parses ``args`` (default: ``sys.argv``) on top of ``configs/mnist.yaml`` and runs the subcommand.
 
     With ``run=False`` there is no subcommand: the classes are only instantiated (used by tests and tools).
-    ``cli_class`` replaces :class:`CLI` (``app.launch.slurm`` parses a command with it without running anything).
+    ``cli_class`` replaces :class:`CLI` (``app.slurm`` parses a command with it without running anything).
     """
     # allow_abbrev=False, on the subcommand parsers AND the main one: a typo such as --trainer.max_epoch is an error,
     # not silently taken for --trainer.max_epochs. Running as the command (run=True), parser errors reach

@@ -13,15 +13,12 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from app.config import get
-from app.launch.env import main_address, resolves
+from app.launch.env import LAUNCHER_NAMES, main_address, resolves
+from app.launch.plan import Plan
 
-if TYPE_CHECKING:
-    from app.launch.plan import Plan
-
-LAUNCHER_NAMES = {"none": "none (Lightning starts the local processes)", "torchrun": "torchrun", "slurm": "SLURM"}
 FLAG = {"slurm": "--ntasks-per-node", "torchrun": "--nproc_per_node"}
 NODES_FLAG = {"slurm": "--nodes", "torchrun": "--nnodes"}
 
@@ -156,6 +153,12 @@ LAUNCH_CHECKS: list[Callable[[Plan], str | None]] = [
     rendezvous_host_unresolved,
 ]
 LAUNCH_NOTES: list[Callable[[Plan], str | None]] = [fresh_job_resumes_hpc_checkpoint, batch_split_over_devices]
+
+
+def launch_problems(plan: Plan) -> list[str]:
+    """Every disagreement between launcher and config, each with its fix; fills ``plan.notes`` too."""
+    plan.notes += [note for check in LAUNCH_NOTES if (note := check(plan))]
+    return [problem for check in LAUNCH_CHECKS if (problem := check(plan))]
 
 
 def config_problems(config: Any) -> list[str]:

@@ -1,30 +1,18 @@
-"""The preflight plan: what this run will do across processes, checked before any process group is formed.
+"""The preflight plan: what this run will do across processes (launcher, layout, ranks and devices, batch, lr,
+resume), as rank 0 prints it.
 
-Every rank builds the same plan from the parsed config and its launcher's variables; rank 0 prints it. A mismatch
-between the launcher and the config stops every rank at once with the fix in the message, instead of a hang in the
-rendezvous or an error deep inside the Trainer. Lightning validates some of this too (``SLURMEnvironment``), but only
-after the Trainer exists and without the plan around it, so the checks are repeated here with the fix spelled out.
-
-The numbers come from the strategy's :class:`~app.strategies.layout.Layout`; the checks are in
-:mod:`app.launch.checks`, the rendezvous timeout's explanation in :mod:`app.launch.rendezvous`.
+The numbers come from the strategy's :class:`~app.strategies.layout.Layout`. :mod:`app.launch.preflight` builds the
+plan from the parsed config, :mod:`app.launch.checks` checks it, :mod:`app.launch.rendezvous` explains a rendezvous
+timeout with it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from app.config import get
-from app.launch.checks import LAUNCH_CHECKS, LAUNCH_NOTES, LAUNCHER_NAMES, config_problems, machine_problems
-from app.launch.env import Launch, detect
-from app.strategies.layout import Layout, layout_of, strategy_name
-
-__all__ = ["Plan", "PreflightError", "build", "device_count", "machine_problems", "preflight"]
-
-
-class PreflightError(SystemExit):
-    """The config cannot run as given (launcher, machine, names, numbers); raised on every rank before the Trainer."""
+from app.launch.env import LAUNCHER_NAMES, Launch
+from app.strategies.layout import Layout, layout_of
 
 
 def device_count(devices: Any, accelerator: str | None) -> int | None:
@@ -90,12 +78,6 @@ class Plan:
     def launched_world_size(self) -> int | None:
         """The launcher's world size, or the config's when Lightning starts the processes itself."""
         return self.launch.world_size if self.launch.launcher != "none" else self.world_size
-
-    def check(self) -> Plan:
-        """Fills ``problems`` with every disagreement between launcher and config, each with its fix."""
-        self.problems += [problem for check in LAUNCH_CHECKS if (problem := check(self))]
-        self.notes += [note for check in LAUNCH_NOTES if (note := check(self))]
-        return self
 
     def batch(self) -> tuple[int | None, int | None]:
         """Images per device (``dp``: per process) and per optimizer step over every process."""
@@ -173,53 +155,3 @@ class Plan:
             lines.append(f"timeout      ranks wait {self.timeout:g} s for each other (--launch.timeout)")
         lines += [f"note: {note}" for note in self.notes]
         return "preflight plan\n" + "\n".join(f"  {line}" for line in lines)
-
-
-def build(config: Any, launch: Launch | None = None, timeout: float | None = None) -> Plan:
-    """The plan for a parsed subcommand config (LightningCLI's ``config[subcommand]``)."""
-    from app.checkpoint import hpc_checkpoint
-
-    launch = launch or detect()
-    trainer = config.trainer
-    accelerator = str(trainer.get("accelerator") or "auto")
-    root = str(Path(trainer.get("default_root_dir") or ".").resolve())
-    resume = config.get("ckpt_path")
-    if resume is None and launch.launcher == "slurm" and (hpc := hpc_checkpoint(root)) is not None:
-        resume = f"hpc: {hpc} (Lightning resumes from it automatically under SLURM)"
-    strategy = trainer.get("strategy") or "auto"
-    devices, nodes = device_count(trainer.get("devices", "auto"), accelerator), int(trainer.get("num_nodes") or 1)
-    plan = Plan(
-        launch=launch,
-        strategy=strategy_name(strategy),
-        accelerator=accelerator,
-        devices=devices,
-        num_nodes=nodes,
-        batch_size=get(config, "data", "batch_size"),
-        global_batch_size=get(config, "data", "global_batch_size"),
-        lr=get(config, "model", "optimizer", "lr"),
-        lr_reference_batch_size=get(config, "model", "lr_reference_batch_size"),
-        precision=str(trainer.get("precision") or "32-true"),
-        root_dir=root,
-        resume=str(resume) if resume else None,
-        timeout=timeout,
-        accumulate=int(trainer.get("accumulate_grad_batches") or 1),
-        layout=layout_of(strategy, devices, nodes),
-    ).check()
-    plan.problems += config_problems(config)
-    return plan
-
-
-def preflight(config: Any, timeout: float | None = None, echo: bool = True) -> Plan:
-    """Builds and checks the plan; rank 0 prints it. Every rank exits with the fix when the plan has problems."""
-    plan = build(config, timeout=timeout)
-    from lightning.pytorch.utilities import rank_zero_info
-
-    plan.problems += machine_problems(plan, config)
-    if echo:
-        rank_zero_info(plan.render())
-    if plan.problems:
-        raise PreflightError(
-            "error: preflight: this run cannot start as configured; nothing was started.\n"
-            + "\n".join(f"  - {problem}" for problem in plan.problems)
-        )
-    return plan

@@ -8,9 +8,9 @@ import pytest
 from lightning.pytorch.strategies import StrategyRegistry
 
 from app.launch.env import detect
-from app.launch.plan import build, machine_problems
-from app.launch.slurm import resolve_config
+from app.launch.preflight import build, machine_problems
 from app.parity import compare, jobs, parser
+from app.slurm import resolve_config
 from bench.parity import STEPS, scenarios
 
 TOL = 1e-5

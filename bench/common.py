@@ -1,7 +1,9 @@
-"""What the benchmarks share: the 2-process ``torchrun`` job, machine facts, robust statistics, result files."""
+"""What the benchmarks share: the 2-process ``torchrun`` job, machine facts, robust statistics, result files
+(:func:`report`), figures (:func:`figure`) and the step clock (:func:`batch_clock`)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import importlib.metadata
 import json
@@ -9,6 +11,8 @@ import os
 import platform
 import statistics
 import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +104,82 @@ def progress(message: str) -> None:
 
     if not dist.is_initialized() or dist.get_rank() == 0:
         print(message, flush=True)
+
+
+def batch_clock(
+    device: torch.device | str,
+    starts_at: Callable[[int], bool] = lambda batch_idx: True,
+    ends_at: Callable[[int], bool] = lambda batch_idx: False,
+    on_epoch_end: Callable[[Any, int], Any] | None = None,
+) -> Any:
+    """The benchmarks' one timing callback: synchronised ``time.perf_counter()`` readings in ``starts`` when a
+    training batch whose index passes ``starts_at`` begins (after it was fetched) and in ``ends`` when one passing
+    ``ends_at`` ends; ``images`` counts the images trained on, and ``on_epoch_end(module, images)`` runs after
+    each training epoch (its validation and checkpoint included). On CUDA each reading waits for the device."""
+    from lightning.pytorch import Callback
+
+    cuda = torch.device(device).type == "cuda"
+
+    def now() -> float:
+        if cuda:
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    class BatchClock(Callback):
+        def __init__(self) -> None:
+            self.starts: list[float] = []
+            self.ends: list[float] = []
+            self.images = 0
+
+        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+            if starts_at(batch_idx):
+                self.starts.append(now())
+
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            self.images += len(batch[1])
+            if ends_at(batch_idx):
+                self.ends.append(now())
+
+        def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+            if on_epoch_end is not None:
+                on_epoch_end(pl_module, self.images)
+
+    return BatchClock()
+
+
+@contextlib.contextmanager
+def figure(path: Path, **subplots: Any) -> Iterator[tuple[Any, Any]]:
+    """A matplotlib figure (``plt.subplots(**subplots)``, no display needed) saved to ``path`` when the block ends."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(**subplots)
+    try:
+        yield fig, axes
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+    finally:
+        plt.close(fig)
+
+
+def report(
+    stem: Path,
+    settings: dict[str, Any],
+    load: list[float],
+    figures: dict[str, Any],
+    markdown: Callable[[dict[str, Any]], str],
+    plot: Callable[[dict[str, Any]], Any],
+) -> dict[str, Any]:
+    """A benchmark's results (machine, load, settings, then its figures): writes ``stem.json`` and ``stem.md``, then
+    calls ``plot(results)``; returns the results."""
+    results = {"machine": machine(), "load": load, "settings": settings, **figures}
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    write_json(stem.with_suffix(".json"), results)
+    stem.with_suffix(".md").write_text(markdown(results) + "\n")
+    plot(results)
+    return results
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -1,5 +1,9 @@
 """The command line: LightningCLI with the project's defaults, links and run-directory conventions.
 
+It wires, it does not compute: importing it registers the strategy names (``app.strategies``); ``--ckpt_path``
+checks and ``last`` are :mod:`app.checkpoint`'s, logger folders and run identity :mod:`app.loggers`', the plan
+:mod:`app.launch.preflight`'s, a user mistake (any :class:`~app.errors.UserError`) one ``error:`` line.
+
 Run layout: ``<trainer.default_root_dir>/version_N/`` holds the TensorBoard events, ``config.yaml`` (the resolved
 config) and ``checkpoints/`` (``last.ckpt`` plus the best by ``val/acc1``).
 """

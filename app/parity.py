@@ -1,14 +1,17 @@
 """Do the parallel modes train the same model? ``python -m app.parity --config CONFIG --steps 5``.
 
 Runs the config's model for a few optimizer steps in every mode available here and prints, per mode, the largest
-parameter difference against a single-device run that sees the same global batches. The distributed modes run
-together in one ``torchrun`` job (N processes: one per GPU, or 2 gloo processes on CPU; on GPUs ``ddp_mp`` runs in a
-job of its own, N / devices_per_process processes, and a failed job loses only its modes); the single-device
+parameter difference against a single-device run that sees the same global batches. The modes are the registered
+strategies whose layout (``app.strategies.layout``) claims exact parity, unless ``--modes`` names others. They run
+together in one ``torchrun`` job (N processes: one per GPU, or 2 gloo processes on CPU; on GPUs a mode whose processes
+need GPUs of their own, ``ddp_mp``, runs in a job of its own, N / devices_per_process processes, and a failed job
+loses only its modes; a one-process mode, ``dp``, runs beside the references on 2+ GPUs); the single-device
 reference then replays each global batch as the concatenation of the ranks' shards, in rank order, built from the
 very ``DistributedSampler`` settings (seed, shuffle, per-rank batch) the job reported. Dropout is switched off in all
 runs (its random masks cannot match across a different split of the batch). With BatchNorm each rank normalises by
 its own shard's statistics, so the modes are also compared with ``ddp``, the expected behaviour, not only with the
-single device. The job also checks the collectives (send/recv, broadcast, scatter, ...) and the sampler's shards.
+single device. The job also checks the collectives (``app.collectives``: send/recv, broadcast, scatter, ...) and the
+sampler's shards.
 
 Extra command-line arguments after ``--`` go to the config, e.g. ``-- --model.arch resnet18 --data.batch_size 8``.
 """

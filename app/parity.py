@@ -134,6 +134,44 @@ def _sampler_facts(loader: DataLoader) -> dict[str, Any]:
     }
 
 
+def _facts(trainer: Any, model: nn.Module, initial: torch.Tensor, checkpoint: Path) -> dict[str, Any]:
+    """What one mode's run left on this rank (the same on every rank, or the mode is broken)."""
+    params = list(model.parameters())
+    facts = {
+        "ranks_identical": _same_on_all_ranks(_digest(params)),
+        "steps": trainer.global_step,
+        "moved": (_flat(params) - initial).abs().max().item(),
+    }
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    if scaler is not None:
+        facts["loss_scale"] = scaler.get_scale()
+        facts["loss_scale_same_on_ranks"] = _same_on_all_ranks(facts["loss_scale"])
+    if hasattr(trainer.strategy, "sync_buffers"):  # allreduce: a checkpoint makes BatchNorm buffers agree
+        trainer.save_checkpoint(checkpoint)
+        facts["buffers_identical"] = _same_on_all_ranks(_digest(list(model.buffers())))
+    return facts
+
+
+def _run_scenario(scenario: dict, steps: int, nproc: int, workdir: Path, accelerator: str) -> dict[str, Any]:
+    """Every mode of one scenario from the same initial model; rank 0 saves each mode's parameters."""
+    overrides = ["--trainer.devices", str(nproc), "--trainer.strategy", "ddp"]
+    model0, datamodule, config = build([*scenario["args"], *overrides], workdir)
+    batchnorm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model0.modules())
+    out: dict[str, Any] = {"modes": {}, "batchnorm": batchnorm}
+    initial = _flat(list(model0.parameters()))
+    for mode in scenario["modes"]:
+        model = copy.deepcopy(model0)
+        extras = _scenario_extras(scenario, accelerator)
+        trainer = _trainer(config, steps, accelerator=accelerator, devices=nproc, strategy=mode, **extras)
+        trainer.fit(model, datamodule=datamodule)
+        if "sampler" not in out:
+            out["sampler"] = _sampler_facts(trainer.train_dataloader)
+        out["modes"][mode] = _facts(trainer, model, initial, workdir / f"{scenario['name']}.{mode}.ckpt")
+        if dist.get_rank() == 0:
+            torch.save(_flat(list(model.parameters())), workdir / f"{scenario['name']}.{mode}.pt")
+    return out
+
+
 def worker(spec_path: str) -> None:
     """One rank of the torchrun job: every scenario in every distributed mode; rank 0 writes the results."""
     from lightning.fabric.plugins.environments import TorchElasticEnvironment
@@ -152,36 +190,8 @@ def worker(spec_path: str) -> None:
     checks = check_collectives(device) if spec.get("collectives", True) and nproc > 1 else {}
     results: dict[str, Any] = {"collectives": checks, "scenarios": {}}
     for scenario in spec["scenarios"]:
-        overrides = ["--trainer.devices", str(nproc), "--trainer.strategy", "ddp"]
-        model0, datamodule, config = build([*scenario["args"], *overrides], workdir)
-        batchnorm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model0.modules())
-        out: dict[str, Any] = {"modes": {}, "batchnorm": batchnorm}
-        initial = _flat(list(model0.parameters()))
-        for mode in scenario["modes"]:
-            model = copy.deepcopy(model0)
-            accelerator = "cuda" if cuda else "cpu"
-            extras = _scenario_extras(scenario, accelerator)
-            trainer = _trainer(config, spec["steps"], accelerator=accelerator, devices=nproc, strategy=mode, **extras)
-            trainer.fit(model, datamodule=datamodule)
-            if "sampler" not in out:
-                out["sampler"] = _sampler_facts(trainer.train_dataloader)
-            params = [p for p in model.parameters()]
-            facts = {
-                "ranks_identical": _same_on_all_ranks(_digest(params)),
-                "steps": trainer.global_step,
-                "moved": (_flat(params) - initial).abs().max().item(),
-            }
-            scaler = getattr(trainer.precision_plugin, "scaler", None)
-            if scaler is not None:
-                facts["loss_scale"] = scaler.get_scale()
-                facts["loss_scale_same_on_ranks"] = _same_on_all_ranks(facts["loss_scale"])
-            if hasattr(trainer.strategy, "sync_buffers"):  # allreduce: a checkpoint makes BatchNorm buffers agree
-                trainer.save_checkpoint(workdir / f"{scenario['name']}.{mode}.ckpt")
-                facts["buffers_identical"] = _same_on_all_ranks(_digest(list(model.buffers())))
-            if dist.get_rank() == 0:
-                torch.save(_flat(params), workdir / f"{scenario['name']}.{mode}.pt")
-            out["modes"][mode] = facts
-        results["scenarios"][scenario["name"]] = out
+        accelerator = "cuda" if cuda else "cpu"
+        results["scenarios"][scenario["name"]] = _run_scenario(scenario, spec["steps"], nproc, workdir, accelerator)
     if dist.get_rank() == 0:
         Path(spec.get("results", workdir / "results.json")).write_text(json.dumps(results, indent=1))
     dist.barrier()

@@ -302,6 +302,7 @@ def _run_jobs(
         for name, out in job["scenarios"].items():
             worlds[name][n] = out["sampler"]
             results["scenarios"][name].setdefault("sampler", out["sampler"])
+            results["scenarios"][name].setdefault("batchnorm", out["batchnorm"])  # for the table's BatchNorm note
             for mode, facts in out["modes"].items():
                 results["scenarios"][name]["modes"][mode] = {**facts, "world": n}
     if len(failures) == len(planned):

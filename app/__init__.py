@@ -1,4 +1,3 @@
-"""The app's Lightning extensions. Importing it registers the project's strategy names (``dp``, ``allreduce``,
-``ddp_mp``) in Lightning's StrategyRegistry, so LightningCLI accepts them."""
-
-from app import strategies  # noqa: F401  (import registers the strategies)
+"""The app's Lightning extensions: strategies, callbacks, launch (preflight plan, SLURM), checkpoints, loggers and
+the CLI that wires them. Importing a module here registers nothing; ``app.strategies`` registers the strategy names
+in Lightning's StrategyRegistry when imported (``app.cli`` does so where the CLI starts)."""

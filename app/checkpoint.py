@@ -8,31 +8,29 @@
   user opts out with ``--trust_checkpoint true`` (``AtomicCheckpointIO(weights_only=False)``) for a file they trust.
 - :func:`read_checkpoint` and :func:`check_fits`: the CLI's checks of ``--ckpt_path`` before a run uses it (missing,
   truncated, unsafe, another architecture), each a one-line message with the fix.
-- :class:`RNGState`: Lightning's checkpoints hold model, optimizer, schedulers, GradScaler, loops and callbacks but
-  not the random generators, so shuffling and dropout after a resume would differ from an uninterrupted run. This
-  callback stores every rank's generator states and restores them on resume.
+- :func:`find_last_checkpoint`, :func:`hpc_checkpoint`, :func:`resolve_last`: which file ``--ckpt_path last`` and
+  SLURM's requeue resume from; :func:`evaluation_dirpath`: the folder a loaded checkpoint was saved in.
+
+The random generator states of a checkpoint are :class:`app.callbacks.RNGState`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
 import glob
+import importlib
 import os
 import pickle
-import random
 import re
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-import torch.distributed as dist
 from lightning.fabric.utilities.cloud_io import _load as pl_load
 from lightning.fabric.utilities.types import _PATH
-from lightning.pytorch import Callback
 from lightning.pytorch.plugins.io import TorchCheckpointIO
-from lightning.pytorch.utilities import rank_zero_warn
 
 TRUST_FLAG = "--trust_checkpoint true"
 
@@ -221,62 +219,89 @@ def check_fits(checkpoint: dict, path: _PATH, model: torch.nn.Module, arch: str 
     )
 
 
-def _local_rng_state() -> dict[str, Any]:
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else [],
-        # numpy's state as tensors and numbers, so the checkpoint stays loadable with weights_only=True
-        "numpy": {
-            "keys": torch.from_numpy(keys.astype(np.int64)),
-            "pos": pos,
-            "has_gauss": has_gauss,
-            "cached_gaussian": cached,
-            "kind": kind,
-        },  # fmt: skip
-        "python": random.getstate(),
-    }
+def find_last_checkpoint(root_dir: str | Path) -> Path | None:
+    """The newest ``version_*/checkpoints/last.ckpt`` below ``root_dir``, or None."""
+    found = sorted(Path(root_dir).glob("version_*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
 
 
-def _set_local_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"].cpu())
-    if state["cuda"] and torch.cuda.is_available():
-        # the run may resume with fewer visible GPUs than it saved states for (set_rng_state_all would raise
-        # IndexError): restore the devices that exist; a process only ever draws on its own device's generator
-        for index, saved in enumerate(state["cuda"][: torch.cuda.device_count()]):
-            torch.cuda.set_rng_state(saved.cpu(), index)
-    n = state["numpy"]
-    np.random.set_state(
-        (n["kind"], n["keys"].cpu().numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
-    )
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
+def hpc_checkpoint(root_dir: str | Path) -> Path | None:
+    """The ``hpc_ckpt_N.ckpt`` Lightning auto-resumes from under SLURM (highest N in ``root_dir``), or None."""
+    # the file Lightning's SLURM auto-requeue resumes from (checkpoint_connector._hpc_resume_path)
+    numbered = ((re.search(r"_(\d+)\.ckpt$", p.name), p) for p in Path(root_dir).glob("hpc_ckpt_*.ckpt"))
+    found = [(int(m.group(1)), p) for m, p in numbered if m]
+    return max(found)[1] if found else None
 
 
-class RNGState(Callback):
-    """Saves every rank's torch/CUDA/numpy/python random states in checkpoints and restores them on resume.
+def resolve_last(config: Any, subcommand: str | None) -> Path | None:
+    """``--ckpt_path last`` means the newest run's ``last.ckpt`` in this experiment's folder; sets ``ckpt_path``.
 
-    Restoring happens when Lightning loads the callback states, before the training data loader draws its
-    shuffling seed, so a resumed run sees the same batches and dropout masks as an uninterrupted one.
+    Lightning resolves "last" only among the current ModelCheckpoint's folder, which is a new ``version_N`` for
+    every run, so it would never find the previous run. Returns the file (the caller lets the loggers continue its
+    run), or None: nothing to resolve, or ``fit`` starting from scratch. Outside ``fit`` a missing file stops.
     """
+    from lightning.pytorch.utilities import rank_zero_info
 
-    def state_dict(self) -> dict[str, Any]:
-        mine = _local_rng_state()
-        # dump_checkpoint runs on every rank (only rank 0 writes), so all ranks can take part in the gather
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            states: list[Any] = [None] * dist.get_world_size()
-            dist.all_gather_object(states, mine)
-        else:
-            states = [mine]
-        return {"ranks": states}
+    if config.get("ckpt_path") != "last":
+        return None
+    root = config.trainer.default_root_dir or "."
+    last = find_last_checkpoint(root)
+    if last is None and subcommand == "fit":
+        rank_zero_info(f"--ckpt_path last: no {root}/version_*/checkpoints/last.ckpt yet; starting from scratch.")
+        config.ckpt_path = None
+        return None
+    if last is None:
+        sys.exit(
+            f"error: --ckpt_path last: no checkpoint found under {Path(root).resolve()}/version_*/checkpoints/. "
+            "Train first with `python cli.py fit` (same --trainer.default_root_dir), or pass --ckpt_path FILE."
+        )
+    config.ckpt_path = str(last)
+    rank_zero_info(f"--ckpt_path last resolved to {last}")
+    return last
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        states = state_dict.get("ranks") or []
-        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-        if rank >= len(states):
-            rank_zero_warn(
-                f"The checkpoint holds random states for {len(states)} rank(s) but this run has more; ranks beyond "
-                "them keep their seeded state, so the resumed run is not bit-identical to an uninterrupted one."
-            )
-            return
-        _set_local_rng_state(states[rank])
+
+def read_given_checkpoint(config: Any) -> dict | None:
+    """Reads and checks ``--ckpt_path FILE`` before anything is built (missing, truncated, unsafe, other ``arch``).
+
+    None for no path, the names Lightning resolves (``last`` is :func:`resolve_last`'s) and URLs.
+    """
+    path = config.get("ckpt_path")
+    if not path or path in ("last", "best", "hpc", "registry") or "://" in str(path):
+        return None
+    checkpoint = read_checkpoint(path, trust=config.trust_checkpoint)
+    check_arch(checkpoint, path, config.model.get("arch"))
+    return checkpoint
+
+
+def saved_hparams(checkpoint: dict) -> dict:
+    """The model hyperparameters of ``checkpoint`` as LightningCLI applies them (``class_path`` + ``dict_kwargs``)."""
+    hparams = dict(checkpoint.get("hyper_parameters") or {})
+    hparams.pop("_instantiator", None)
+    if "_class_path" in hparams:
+        hparams = {"class_path": hparams.pop("_class_path"), "dict_kwargs": hparams}
+    return hparams
+
+
+def evaluation_dirpath(config: Any, checkpoint: dict | None) -> None:
+    """validate/test/predict: ModelCheckpoint keeps the folder the loaded checkpoint was saved in.
+
+    Outside ``fit`` it saves nothing, but Lightning restores its state from the checkpoint and, for a new run
+    folder, warns that "the dirpath has changed" (or, without the callback, that it is missing): noise here.
+    """
+    saved = (checkpoint or {}).get("callbacks") or {}
+    folders = {v.get("dirpath") for k, v in saved.items() if str(k).startswith("ModelCheckpoint")}
+    if len(folders) != 1:
+        return  # none saved, or several checkpoint callbacks: nothing to infer
+    (folder,) = folders
+    for callback in config.trainer.get("callbacks") or []:
+        init_args = getattr(callback, "init_args", None)
+        if init_args is not None and init_args.get("dirpath") is None and _is_model_checkpoint(callback):
+            init_args.dirpath = folder
+
+
+def _is_model_checkpoint(config: Any) -> bool:
+    """Whether a ``class_path`` entry of the config names ModelCheckpoint or a subclass of it."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    module, _, name = config.class_path.rpartition(".")
+    return issubclass(getattr(importlib.import_module(module), name), ModelCheckpoint)

@@ -1,7 +1,7 @@
 """User mistakes become one short ``error: ...`` line naming the cause and the fix, and a non-zero exit status
 without a traceback; bugs keep their traceback.
 
-Raise :class:`UserError` where a mistake is detected (or add the exception type to ``app.cli.USER_ERRORS``);
+Raise :class:`UserError` (or a subclass: the datamodules' and the zoo's errors are) where a mistake is detected;
 :func:`app.cli.main` prints it and exits 1, or 2 (argparse's status) for a command line or config that does not
 parse. Parser errors are reworded here because jsonargparse's are long (the whole usage text, the union's
 subtypes) and never suggest the option the user meant.

@@ -1,6 +1,6 @@
 """Experiment tracking: TensorBoard by default, Weights & Biases on demand, one run per job, resumable.
 
-- Loggers whose ``save_dir`` is left out write into ``trainer.default_root_dir`` (the CLI fills it in), so a run's
+- Loggers whose ``save_dir`` is left out write into ``trainer.default_root_dir`` (:func:`write_to_run_dir`), so a run's
   events, config and checkpoints share one folder that one option moves.
 - :class:`WandbLogger` imports ``wandb`` lazily, goes offline by itself when no API key or login exists (and says how
   to ``wandb sync`` later), never prompts, and creates its run on global rank 0 only (Lightning's
@@ -33,7 +33,7 @@ from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_info
 
-from app.checkpoint import load_on_cpu
+from app.checkpoint import hpc_checkpoint, load_on_cpu
 
 SECRET_KEY = re.compile(r"(api[_-]?key|token|secret|password|credential)", re.IGNORECASE)
 INSTALL_HINT = (
@@ -230,16 +230,10 @@ class TrackingConfigCallback(SaveConfigCallback):
         return identity
 
 
-def _newest_hpc_checkpoint(root: Path) -> Path | None:
-    # the file Lightning's SLURM auto-requeue resumes from (checkpoint_connector._hpc_resume_path)
-    found = [(int(m.group(1)), p) for p in root.glob("hpc_ckpt_*.ckpt") if (m := re.search(r"_(\d+)\.ckpt$", p.name))]
-    return max(found)[1] if found else None
-
-
 def resumed_checkpoint(ckpt_path: str | None, root: Path) -> Path | None:
     """The checkpoint a fit will resume from: an explicit file, or the HPC checkpoint Lightning picks on SLURM."""
     if ckpt_path == "hpc" or (ckpt_path is None and SLURMEnvironment.detect()):
-        return _newest_hpc_checkpoint(root)
+        return hpc_checkpoint(root)
     if ckpt_path and Path(ckpt_path).is_file():
         return Path(ckpt_path)
     return None
@@ -256,6 +250,29 @@ def read_identity(checkpoint: Path) -> dict[str, Any]:
     return dict(state.get("callbacks", {}).get(TrackingConfigCallback.__qualname__, {}))
 
 
+def logger_configs(config: Any) -> list:
+    """The ``class_path`` + ``init_args`` entries of ``trainer.logger`` (none for ``false`` or a bare instance)."""
+    loggers = config.trainer.get("logger")
+    loggers = loggers if isinstance(loggers, list) else [loggers]
+    return [lg for lg in loggers if hasattr(lg, "init_args")]
+
+
+def write_to_run_dir(config: Any) -> None:
+    """A logger configured without ``save_dir`` writes into ``trainer.default_root_dir``: one folder to set."""
+    root = config.trainer.default_root_dir or "."
+    for logger in logger_configs(config):
+        if "save_dir" in logger.init_args and logger.init_args.save_dir is None:
+            logger.init_args.save_dir = root
+
+
+def continue_run_of(config: Any, last: Path) -> None:
+    """The loggers continue the version of the run ``last`` (``version_N/checkpoints/last.ckpt``) belongs to, so a
+    resumed run keeps writing to the same TensorBoard version and run folder."""
+    for logger in logger_configs(config):
+        if "version" in logger.init_args:
+            logger.init_args.version = last.parent.parent.name
+
+
 def prepare_loggers(config, subcommand: str | None) -> None:
     """Fills in logger settings the CLI knows before the loggers exist (called by the CLI on every rank).
 
@@ -265,28 +282,32 @@ def prepare_loggers(config, subcommand: str | None) -> None:
       checkpoint) continues the checkpoint's TensorBoard version and W&B run id. A checkpoint from another
       folder starts new ones (fine-tuning someone else's weights is a new run).
     """
-    trainer = config.trainer
-    configured = trainer.get("logger")
-    configured = configured if isinstance(configured, list) else [configured]
-    configured = [lg for lg in configured if hasattr(lg, "init_args")]
+    configured = logger_configs(config)
     wandb_cfgs = [lg for lg in configured if lg.class_path.rsplit(".", 1)[-1] == "WandbLogger"]
     tb_cfgs = [lg for lg in configured if lg.class_path.rsplit(".", 1)[-1] == "TensorBoardLogger"]
     if wandb_cfgs and importlib.util.find_spec("wandb") is None:
         # here, not only in WandbLogger: jsonargparse would bury the logger's message in a "Union subtypes" error
         sys.exit(f"error: {INSTALL_HINT}")
+    _group_the_nodes(int(config.trainer.get("num_nodes") or 1), wandb_cfgs)
+    if subcommand == "fit":
+        _continue_the_checkpoints_run(config, tb_cfgs, wandb_cfgs)
 
-    nodes = int(trainer.get("num_nodes") or 1)
-    if nodes > 1 and not os.environ.get("WANDB_RUN_GROUP"):
-        job = os.environ.get("SLURM_JOB_ID")
-        run = os.environ.get("TORCHELASTIC_RUN_ID", "none")
-        group = f"slurm-{job}" if job else (f"torchrun-{run}" if run != "none" else f"{nodes}-nodes")
-        for lg in wandb_cfgs:
-            if not lg.init_args.get("group"):
-                lg.init_args.group = group
 
-    if subcommand != "fit":
+def _group_the_nodes(nodes: int, wandb_cfgs: list) -> None:
+    """A multi-node job's W&B runs share a group (``slurm-<job id>`` / ``torchrun-<run id>``) unless one is set."""
+    if nodes <= 1 or os.environ.get("WANDB_RUN_GROUP"):
         return
-    root = Path(trainer.get("default_root_dir") or ".").resolve()
+    job = os.environ.get("SLURM_JOB_ID")
+    run = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    group = f"slurm-{job}" if job else (f"torchrun-{run}" if run != "none" else f"{nodes}-nodes")
+    for lg in wandb_cfgs:
+        if not lg.init_args.get("group"):
+            lg.init_args.group = group
+
+
+def _continue_the_checkpoints_run(config: Any, tb_cfgs: list, wandb_cfgs: list) -> None:
+    """A fit resuming from a checkpoint of this run folder continues its TensorBoard version and W&B run id."""
+    root = Path(config.trainer.get("default_root_dir") or ".").resolve()
     checkpoint = resumed_checkpoint(config.get("ckpt_path"), root)
     if checkpoint is None or root not in checkpoint.resolve().parents:
         return

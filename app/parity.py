@@ -1,14 +1,17 @@
 """Do the parallel modes train the same model? ``python -m app.parity --config CONFIG --steps 5``.
 
 Runs the config's model for a few optimizer steps in every mode available here and prints, per mode, the largest
-parameter difference against a single-device run that sees the same global batches. The distributed modes run
-together in one ``torchrun`` job (N processes: one per GPU, or 2 gloo processes on CPU; on GPUs ``ddp_mp`` runs in a
-job of its own, N / devices_per_process processes, and a failed job loses only its modes); the single-device
+parameter difference against a single-device run that sees the same global batches. The modes are the registered
+strategies whose layout (``app.strategies.layout``) claims exact parity, unless ``--modes`` names others. They run
+together in one ``torchrun`` job (N processes: one per GPU, or 2 gloo processes on CPU; on GPUs a mode whose processes
+need GPUs of their own, ``ddp_mp``, runs in a job of its own, N / devices_per_process processes, and a failed job
+loses only its modes; a one-process mode, ``dp``, runs beside the references on 2+ GPUs); the single-device
 reference then replays each global batch as the concatenation of the ranks' shards, in rank order, built from the
 very ``DistributedSampler`` settings (seed, shuffle, per-rank batch) the job reported. Dropout is switched off in all
 runs (its random masks cannot match across a different split of the batch). With BatchNorm each rank normalises by
 its own shard's statistics, so the modes are also compared with ``ddp``, the expected behaviour, not only with the
-single device. The job also checks the collectives (send/recv, broadcast, scatter, ...) and the sampler's shards.
+single device. The job also checks the collectives (``app.collectives``: send/recv, broadcast, scatter, ...) and the
+sampler's shards.
 
 Extra command-line arguments after ``--`` go to the config, e.g. ``-- --model.arch resnet18 --data.batch_size 8``.
 """
@@ -21,7 +24,6 @@ import hashlib
 import json
 import math
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -32,10 +34,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
+from app.collectives import check_collectives
 from app.launch.group import end_process_group
+from app.launch.torchrun import run_torchrun_job
+from app.strategies.layout import REFERENCE, layout_of, parity_modes
 
-ROOT = Path(__file__).resolve().parent.parent
-DISTRIBUTED_MODES = ("ddp", "allreduce", "allreduce_per_param", "allreduce_overlap", "ddp_mp")
 _QUIET = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False, "enable_model_summary": False}
 
 
@@ -65,6 +68,15 @@ def _trainer(config: Any, steps: int, **kwargs: Any) -> Any:
         **_QUIET,
     }
     return Trainer(**settings, **kwargs)
+
+
+def import_named(scenarios: list[dict]) -> None:
+    """Imports the modules a scenario names under ``imports`` (e.g. one that registers another strategy), in the
+    torchrun job's processes as in this one."""
+    import importlib
+
+    for module in dict.fromkeys(m for s in scenarios for m in s.get("imports", [])):
+        importlib.import_module(module)
 
 
 def _scenario_extras(scenario: dict, device: str) -> dict[str, Any]:
@@ -97,50 +109,6 @@ def _same_on_all_ranks(value: Any) -> bool:
     return all(v == values[0] for v in values)
 
 
-def check_collectives(device: torch.device) -> dict[str, bool]:
-    """The tutorial's point-to-point and collective primitives with known values (rank r contributes r + 1)."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    mine = torch.full((4,), float(rank + 1), device=device)
-    total = sum(range(1, world + 1))
-    ok: dict[str, bool] = {}
-    peer = (rank + 1) % world  # a ring: send to the next rank, receive from the previous one
-    got = torch.zeros(4, device=device)
-    if rank % 2 == 0:
-        dist.send(mine, dst=peer)
-        dist.recv(got, src=(rank - 1) % world)
-    else:
-        dist.recv(got, src=(rank - 1) % world)
-        dist.send(mine, dst=peer)
-    ok["send_recv"] = bool((got == (rank - 1) % world + 1).all())
-    got = torch.zeros(4, device=device)
-    requests = [dist.isend(mine, dst=peer), dist.irecv(got, src=(rank - 1) % world)]
-    for request in requests:
-        request.wait()
-    ok["isend_irecv"] = bool((got == (rank - 1) % world + 1).all())
-    value = mine.clone()
-    dist.broadcast(value, src=0)
-    ok["broadcast"] = bool((value == 1).all())
-    part = torch.zeros(1, device=device)
-    chunks = [torch.full((1,), 10.0 * (r + 1), device=device) for r in range(world)] if rank == 0 else None
-    dist.scatter(part, scatter_list=chunks, src=0)
-    ok["scatter"] = part.item() == 10.0 * (rank + 1)
-    gathered = [torch.zeros(4, device=device) for _ in range(world)] if rank == 0 else None
-    dist.gather(mine, gather_list=gathered, dst=0)
-    ok["gather"] = rank != 0 or all(bool((g == r + 1).all()) for r, g in enumerate(gathered))
-    value = mine.clone()
-    dist.reduce(value, dst=0, op=dist.ReduceOp.SUM)
-    ok["reduce"] = rank != 0 or bool((value == total).all())
-    value = mine.clone()
-    dist.all_reduce(value, op=dist.ReduceOp.SUM)
-    ok["all_reduce"] = bool((value == total).all())
-    everyone = [torch.zeros(4, device=device) for _ in range(world)]
-    dist.all_gather(everyone, mine)
-    ok["all_gather"] = all(bool((t == r + 1).all()) for r, t in enumerate(everyone))
-    results = [None] * world
-    dist.all_gather_object(results, ok)
-    return {name: all(r[name] for r in results) for name in ok}
-
-
 def _sampler_facts(loader: DataLoader) -> dict[str, Any]:
     """What the reference needs to replay the shards, and whether they are disjoint and move with the epoch."""
     sampler = loader.sampler
@@ -166,12 +134,51 @@ def _sampler_facts(loader: DataLoader) -> dict[str, Any]:
     }
 
 
+def _facts(trainer: Any, model: nn.Module, initial: torch.Tensor, checkpoint: Path) -> dict[str, Any]:
+    """What one mode's run left on this rank (the same on every rank, or the mode is broken)."""
+    params = list(model.parameters())
+    facts = {
+        "ranks_identical": _same_on_all_ranks(_digest(params)),
+        "steps": trainer.global_step,
+        "moved": (_flat(params) - initial).abs().max().item(),
+    }
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    if scaler is not None:
+        facts["loss_scale"] = scaler.get_scale()
+        facts["loss_scale_same_on_ranks"] = _same_on_all_ranks(facts["loss_scale"])
+    if hasattr(trainer.strategy, "sync_buffers"):  # allreduce: a checkpoint makes BatchNorm buffers agree
+        trainer.save_checkpoint(checkpoint)
+        facts["buffers_identical"] = _same_on_all_ranks(_digest(list(model.buffers())))
+    return facts
+
+
+def _run_scenario(scenario: dict, steps: int, nproc: int, workdir: Path, accelerator: str) -> dict[str, Any]:
+    """Every mode of one scenario from the same initial model; rank 0 saves each mode's parameters."""
+    overrides = ["--trainer.devices", str(nproc), "--trainer.strategy", "ddp"]
+    model0, datamodule, config = build([*scenario["args"], *overrides], workdir)
+    batchnorm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model0.modules())
+    out: dict[str, Any] = {"modes": {}, "batchnorm": batchnorm}
+    initial = _flat(list(model0.parameters()))
+    for mode in scenario["modes"]:
+        model = copy.deepcopy(model0)
+        extras = _scenario_extras(scenario, accelerator)
+        trainer = _trainer(config, steps, accelerator=accelerator, devices=nproc, strategy=mode, **extras)
+        trainer.fit(model, datamodule=datamodule)
+        if "sampler" not in out:
+            out["sampler"] = _sampler_facts(trainer.train_dataloader)
+        out["modes"][mode] = _facts(trainer, model, initial, workdir / f"{scenario['name']}.{mode}.ckpt")
+        if dist.get_rank() == 0:
+            torch.save(_flat(list(model.parameters())), workdir / f"{scenario['name']}.{mode}.pt")
+    return out
+
+
 def worker(spec_path: str) -> None:
     """One rank of the torchrun job: every scenario in every distributed mode; rank 0 writes the results."""
     from lightning.fabric.plugins.environments import TorchElasticEnvironment
     from lightning.fabric.utilities.distributed import _init_dist_connection
 
     spec = json.loads(Path(spec_path).read_text())
+    import_named(spec["scenarios"])
     workdir, nproc = Path(spec["workdir"]), int(os.environ["WORLD_SIZE"])
     cuda = torch.cuda.is_available() and spec["accelerator"] != "cpu"
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
@@ -183,36 +190,8 @@ def worker(spec_path: str) -> None:
     checks = check_collectives(device) if spec.get("collectives", True) and nproc > 1 else {}
     results: dict[str, Any] = {"collectives": checks, "scenarios": {}}
     for scenario in spec["scenarios"]:
-        overrides = ["--trainer.devices", str(nproc), "--trainer.strategy", "ddp"]
-        model0, datamodule, config = build([*scenario["args"], *overrides], workdir)
-        batchnorm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model0.modules())
-        out: dict[str, Any] = {"modes": {}, "batchnorm": batchnorm}
-        initial = _flat(list(model0.parameters()))
-        for mode in scenario["modes"]:
-            model = copy.deepcopy(model0)
-            accelerator = "cuda" if cuda else "cpu"
-            extras = _scenario_extras(scenario, accelerator)
-            trainer = _trainer(config, spec["steps"], accelerator=accelerator, devices=nproc, strategy=mode, **extras)
-            trainer.fit(model, datamodule=datamodule)
-            if "sampler" not in out:
-                out["sampler"] = _sampler_facts(trainer.train_dataloader)
-            params = [p for p in model.parameters()]
-            facts = {
-                "ranks_identical": _same_on_all_ranks(_digest(params)),
-                "steps": trainer.global_step,
-                "moved": (_flat(params) - initial).abs().max().item(),
-            }
-            scaler = getattr(trainer.precision_plugin, "scaler", None)
-            if scaler is not None:
-                facts["loss_scale"] = scaler.get_scale()
-                facts["loss_scale_same_on_ranks"] = _same_on_all_ranks(facts["loss_scale"])
-            if hasattr(trainer.strategy, "sync_buffers"):  # allreduce: a checkpoint makes BatchNorm buffers agree
-                trainer.save_checkpoint(workdir / f"{scenario['name']}.{mode}.ckpt")
-                facts["buffers_identical"] = _same_on_all_ranks(_digest(list(model.buffers())))
-            if dist.get_rank() == 0:
-                torch.save(_flat(params), workdir / f"{scenario['name']}.{mode}.pt")
-            out["modes"][mode] = facts
-        results["scenarios"][scenario["name"]] = out
+        accelerator = "cuda" if cuda else "cpu"
+        results["scenarios"][scenario["name"]] = _run_scenario(scenario, spec["steps"], nproc, workdir, accelerator)
     if dist.get_rank() == 0:
         Path(spec.get("results", workdir / "results.json")).write_text(json.dumps(results, indent=1))
     dist.barrier()
@@ -255,7 +234,7 @@ def run_single(
     batches = GlobalBatchSampler(len(loader.dataset), world, facts["batch_size"], facts["seed"], facts["shuffle"])
     loader = DataLoader(loader.dataset, batch_sampler=batches, collate_fn=loader.collate_fn)
     cuda = torch.cuda.is_available() and config.accelerator != "cpu"
-    devices = world if strategy == "dp" else 1
+    devices = world if layout_of(strategy).one_process else 1
     trainer = _trainer(config, steps, accelerator="cuda" if cuda else "cpu", devices=devices, strategy=strategy)
     # the validation loader only says what the model's validation_step is for: limit_val_batches=0 never runs it
     trainer.fit(model, train_dataloaders=loader, val_dataloaders=datamodule.val_dataloader())
@@ -266,11 +245,11 @@ def jobs(modes: list[str], nproc: int, gpus: int) -> dict[int, list[str]]:
     """Processes -> the modes that run in one torchrun job with that many. On GPUs (``nproc`` = the GPUs used) a mode
     whose process drives ``k`` GPUs gets ``nproc // k`` processes, in a job of its own; on CPU all share ``nproc``.
     """
-    from app.launch.plan import devices_per_process
-
     out: dict[int, list[str]] = {}
     for mode in modes:
-        n = max(1, nproc // devices_per_process(mode)) if gpus >= 2 else nproc
+        layout = layout_of(mode, nproc)
+        per_process = layout.devices_per_process if layout.needs_process_gpus else 1
+        n = max(1, nproc // per_process) if gpus >= 2 else nproc
         out.setdefault(n, []).append(mode)
     return out
 
@@ -281,13 +260,8 @@ def _run_job(scenarios: list[dict], steps: int, nproc: int, workdir: Path, accel
     spec |= {"collectives": main, "results": str(workdir / f"results-{nproc}.json")}
     spec_path = workdir / f"spec-{nproc}.json"
     spec_path.write_text(json.dumps(spec))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    command += ["-m", "app.parity", "--worker", str(spec_path)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    job = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
-    if job.returncode != 0 or not Path(spec["results"]).exists():
-        raise RuntimeError(f"parity job failed (exit {job.returncode}):\n{job.stdout[-4000:]}\n{job.stderr[-8000:]}")
-    return json.loads(Path(spec["results"]).read_text())
+    args = ["--worker", str(spec_path)]
+    return run_torchrun_job("app.parity", args, nproc, Path(spec["results"]), "parity")
 
 
 def compare(scenarios: list[dict], steps: int, nproc: int, workdir: Path, accelerator: str = "auto") -> dict:
@@ -296,9 +270,21 @@ def compare(scenarios: list[dict], steps: int, nproc: int, workdir: Path, accele
     Modes needing another process count (``ddp_mp`` on GPUs) run in a job of their own; a job that fails records
     ``error`` for its modes and the other jobs' results are kept. Raises RuntimeError only if every job failed.
     """
+    import_named(scenarios)
     gpus = torch.cuda.device_count() if accelerator != "cpu" else 0  # nproc = GPUs used, when there are 2+
+    results, worlds = _run_jobs(scenarios, steps, nproc, workdir, accelerator, gpus)
+    for scenario in scenarios:
+        out, samplers = results["scenarios"][scenario["name"]], worlds[scenario["name"]]
+        _compare_scenario(scenario, out, samplers, steps, nproc, workdir, gpus)
+    return results
+
+
+def _run_jobs(
+    scenarios: list[dict], steps: int, nproc: int, workdir: Path, accelerator: str, gpus: int
+) -> tuple[dict, dict[str, dict[int, dict]]]:
+    """Every job of :func:`jobs`; returns their facts and, per scenario, the sampler facts per world size."""
     results: dict[str, Any] = {"collectives": {}, "scenarios": {s["name"]: {"modes": {}} for s in scenarios}}
-    worlds: dict[str, dict[int, dict]] = {s["name"]: {} for s in scenarios}  # sampler facts per world size
+    worlds: dict[str, dict[int, dict]] = {s["name"]: {} for s in scenarios}
     failures = []
     planned = jobs(list(dict.fromkeys(m for s in scenarios for m in s["modes"])), nproc, gpus)
     for n, modes in planned.items():
@@ -316,31 +302,46 @@ def compare(scenarios: list[dict], steps: int, nproc: int, workdir: Path, accele
         for name, out in job["scenarios"].items():
             worlds[name][n] = out["sampler"]
             results["scenarios"][name].setdefault("sampler", out["sampler"])
-            results["scenarios"][name].setdefault("batchnorm", out["batchnorm"])
+            results["scenarios"][name].setdefault("batchnorm", out["batchnorm"])  # for the table's BatchNorm note
             for mode, facts in out["modes"].items():
                 results["scenarios"][name]["modes"][mode] = {**facts, "world": n}
     if len(failures) == len(planned):
         raise RuntimeError("\n".join(failures))
-    for scenario in scenarios:
-        out = results["scenarios"][scenario["name"]]
-        references = {}
-        if not scenario.get("fp16_scaler"):
-            for n, sampler in worlds[scenario["name"]].items():
-                references[n] = run_single(scenario, sampler, n, steps, workdir)
-        if gpus >= 2 and nproc in references:
-            dp = run_single(scenario, worlds[scenario["name"]][nproc], nproc, steps, workdir, "dp")
-            torch.save(dp, workdir / f"{scenario['name']}.dp.pt")
-            out["modes"]["dp"] = {"ranks_identical": True, "world": nproc}  # one process, nproc GPUs
-        ddp = workdir / f"{scenario['name']}.ddp.pt"
-        for mode, facts in out["modes"].items():
-            if "error" in facts:
-                continue
-            params = torch.load(workdir / f"{scenario['name']}.{mode}.pt")
-            reference = references.get(facts["world"])
-            facts["max_diff_vs_single"] = None if reference is None else (params - reference).abs().max().item()
-            if ddp.exists() and out["modes"].get("ddp", {}).get("world") == facts["world"]:
-                facts["max_diff_vs_ddp"] = (params - torch.load(ddp)).abs().max().item()
-    return results
+    return results, worlds
+
+
+def _compare_scenario(
+    scenario: dict, out: dict, samplers: dict[int, dict], steps: int, nproc: int, workdir: Path, gpus: int
+) -> None:
+    """Adds each mode's largest difference against the single device (same world size) and against ``ddp``.
+
+    On 2+ GPUs the one-process modes (``dp``) join here: one process over the ``nproc`` GPUs, on the global batches.
+    """
+    references = {}
+    if not scenario.get("fp16_scaler"):
+        for n, sampler in samplers.items():
+            references[n] = run_single(scenario, sampler, n, steps, workdir)
+    if gpus >= 2 and nproc in references:
+        for mode in one_process_modes():
+            params = run_single(scenario, samplers[nproc], nproc, steps, workdir, mode)
+            torch.save(params, workdir / f"{scenario['name']}.{mode}.pt")
+            out["modes"][mode] = {"ranks_identical": True, "world": nproc}  # one process, nproc GPUs
+    reference = workdir / f"{scenario['name']}.{REFERENCE}.pt"
+    for mode, facts in out["modes"].items():
+        if "error" in facts:
+            continue
+        params = torch.load(workdir / f"{scenario['name']}.{mode}.pt")
+        single = references.get(facts["world"])
+        facts["max_diff_vs_single"] = None if single is None else (params - single).abs().max().item()
+        if reference.exists() and out["modes"].get(REFERENCE, {}).get("world") == facts["world"]:
+            facts["max_diff_vs_ddp"] = (params - torch.load(reference)).abs().max().item()
+
+
+def one_process_modes() -> list[str]:
+    """The registered modes whose one process drives every GPU (``dp``): compared only on 2+ GPUs."""
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    return [name for name in StrategyRegistry if layout_of(name).one_process]
 
 
 def table(results: dict) -> str:
@@ -372,32 +373,43 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> dict | None:
+def parser() -> argparse.ArgumentParser:
+    """The command line; ``--modes`` defaults to every registered mode whose layout claims exact parity."""
+    import app.strategies  # noqa: F401  (registers the app's strategy names)
+
     parser = argparse.ArgumentParser(prog="python -m app.parity", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", action="append", default=[], help="config file(s), as for cli.py")
     parser.add_argument("--steps", type=int, default=5, help="optimizer steps per mode (default 5)")
-    parser.add_argument("--modes", default=",".join(DISTRIBUTED_MODES), help="comma-separated strategy names")
+    parser.add_argument("--modes", default=",".join(parity_modes()), help="comma-separated strategy names")
     parser.add_argument("--nproc", type=int, default=None, help="processes (default: GPUs, or 2 on CPU)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
+    return parser
+
+
+def _check_modes(parser: argparse.ArgumentParser, modes: list[str]) -> None:
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    unknown = [m for m in modes if m not in StrategyRegistry or layout_of(m).one_process]
+    if unknown:
+        known = {k for k in StrategyRegistry if k.startswith(("ddp", "allreduce"))} | set(parity_modes())
+        parser.error(
+            f"--modes: {', '.join(unknown)} cannot be compared here (dp joins by itself when 2+ GPUs exist). "
+            f"Choose from: {', '.join(sorted(known))}"
+        )
+
+
+def main(argv: list[str] | None = None) -> dict | None:
     argv = sys.argv[1:] if argv is None else argv
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
-    args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    cli = parser()
+    args = cli.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     if args.worker:
         worker(args.worker)
         return None
     if args.steps < 1:
-        parser.error("--steps must be at least 1")
-    from lightning.pytorch.strategies import StrategyRegistry
-
-    import app  # noqa: F401  (registers the app's strategy names)
-
+        cli.error("--steps must be at least 1")
     modes = [m for m in args.modes.split(",") if m]
-    unknown = [m for m in modes if m not in StrategyRegistry or m == "dp"]
-    if unknown:
-        parser.error(
-            f"--modes: {', '.join(unknown)} cannot be compared here (dp joins by itself when 2+ GPUs exist). "
-            f"Choose from: {', '.join(sorted(k for k in StrategyRegistry if k.startswith(('ddp', 'allreduce'))))}"
-        )
+    _check_modes(cli, modes)
     cuda = torch.cuda.device_count()
     nproc = args.nproc or (cuda if cuda >= 2 else 2)
     cli_args = [a for config in args.config for a in ("--config", config)] + extra

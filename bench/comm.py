@@ -20,7 +20,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bench.common import RESULTS, machine, machine_line, run_job, summary, write_json
+from bench.common import RESULTS, figure, machine_line, run_job, summary
+from bench.common import report as report_results
 
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M"
 
@@ -101,42 +102,25 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = results["rows"]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    sizes = [r["bytes"] for r in rows]
-    ax.plot(sizes, [r["algbw_GBps"] for r in rows], marker="o", label="algbw")
-    ax.plot(sizes, [r["busbw_GBps"] for r in rows], marker="s", label="busbw = algbw x 2(n-1)/n")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(sizes, [_human(s) for s in sizes], rotation=45, fontsize=7)
-    ax.set_xlabel("message size")
-    ax.set_ylabel("GB/s")
-    s = results["settings"]
-    ax.set_title(f"all_reduce, {s['backend']}, {s['world_size']} processes")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure(path, figsize=(7, 4)) as (_, ax):
+        sizes = [r["bytes"] for r in rows]
+        ax.plot(sizes, [r["algbw_GBps"] for r in rows], marker="o", label="algbw")
+        ax.plot(sizes, [r["busbw_GBps"] for r in rows], marker="s", label="busbw = algbw x 2(n-1)/n")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [_human(s) for s in sizes], rotation=45, fontsize=7)
+        ax.set_xlabel("message size")
+        ax.set_ylabel("GB/s")
+        s = results["settings"]
+        ax.set_title(f"all_reduce, {s['backend']}, {s['world_size']} processes")
+        ax.legend()
 
 
 def report(raw: dict[str, list[float]], settings: dict[str, Any], load: list[float], out: Path) -> dict[str, Any]:
     """Statistics, table and plot of one backend's job; writes ``comm_<backend>.{json,md,png}`` into ``out``."""
-    results = {
-        "machine": machine(),
-        "load": load,
-        "settings": settings,
-        "rows": analyse(raw, settings["world_size"]),
-    }
-    out.mkdir(parents=True, exist_ok=True)
     stem = out / f"comm_{settings['backend']}"
-    write_json(stem.with_suffix(".json"), results)
-    stem.with_suffix(".md").write_text(markdown(results) + "\n")
-    plot(results, stem.with_suffix(".png"))
-    return results
+    figures = {"rows": analyse(raw, settings["world_size"])}
+    return report_results(stem, settings, load, figures, markdown, lambda r: plot(r, stem.with_suffix(".png")))
 
 
 def task(sizes: list[int], rounds: int, iters: int, warmup: int, accelerator: str = "cpu") -> dict[str, Any]:

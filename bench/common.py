@@ -1,15 +1,18 @@
-"""What the benchmarks share: the 2-process ``torchrun`` job, machine facts, robust statistics, result files."""
+"""What the benchmarks share: the 2-process ``torchrun`` job, machine facts, robust statistics, result files
+(:func:`report`), figures (:func:`figure`) and the step clock (:func:`batch_clock`)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import importlib.metadata
 import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,20 +66,13 @@ def run_job(
     imports (~10 s per process here) are paid once. Workers get the initialised default process group.
     ``progress``: the job's standard output (rank 0's progress lines) goes to the terminal instead of being captured.
     """
+    from app.launch.torchrun import run_torchrun_job
+
     workdir.mkdir(parents=True, exist_ok=True)
-    spec = workdir / "bench_spec.json"
-    spec.write_text(json.dumps({"tasks": tasks, "out": str(workdir / "bench_results.json")}))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    command += ["-m", "bench.common", str(spec)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    env.setdefault("OMP_NUM_THREADS", "1")  # torchrun would set it anyway (with a warning)
-    stdout = None if progress else subprocess.PIPE
-    job = subprocess.run(command, cwd=ROOT, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=timeout)
-    out = workdir / "bench_results.json"
-    if job.returncode != 0 or not out.exists():
-        output = (job.stdout or "")[-4000:] + "\n" + job.stderr[-8000:]
-        raise RuntimeError(f"benchmark job failed (exit {job.returncode}):\n{output}")
-    return json.loads(out.read_text())
+    spec, out = workdir / "bench_spec.json", workdir / "bench_results.json"
+    spec.write_text(json.dumps({"tasks": tasks, "out": str(out)}))
+    env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}  # torchrun would set it anyway (with a warning)
+    return run_torchrun_job("bench.common", [str(spec)], nproc, out, "benchmark", timeout, progress, env)
 
 
 def _worker(spec_path: str) -> None:
@@ -108,6 +104,82 @@ def progress(message: str) -> None:
 
     if not dist.is_initialized() or dist.get_rank() == 0:
         print(message, flush=True)
+
+
+def batch_clock(
+    device: torch.device | str,
+    starts_at: Callable[[int], bool] = lambda batch_idx: True,
+    ends_at: Callable[[int], bool] = lambda batch_idx: False,
+    on_epoch_end: Callable[[Any, int], Any] | None = None,
+) -> Any:
+    """The benchmarks' one timing callback: synchronised ``time.perf_counter()`` readings in ``starts`` when a
+    training batch whose index passes ``starts_at`` begins (after it was fetched) and in ``ends`` when one passing
+    ``ends_at`` ends; ``images`` counts the images trained on, and ``on_epoch_end(module, images)`` runs after
+    each training epoch (its validation and checkpoint included). On CUDA each reading waits for the device."""
+    from lightning.pytorch import Callback
+
+    cuda = torch.device(device).type == "cuda"
+
+    def now() -> float:
+        if cuda:
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    class BatchClock(Callback):
+        def __init__(self) -> None:
+            self.starts: list[float] = []
+            self.ends: list[float] = []
+            self.images = 0
+
+        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+            if starts_at(batch_idx):
+                self.starts.append(now())
+
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            self.images += len(batch[1])
+            if ends_at(batch_idx):
+                self.ends.append(now())
+
+        def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+            if on_epoch_end is not None:
+                on_epoch_end(pl_module, self.images)
+
+    return BatchClock()
+
+
+@contextlib.contextmanager
+def figure(path: Path, **subplots: Any) -> Iterator[tuple[Any, Any]]:
+    """A matplotlib figure (``plt.subplots(**subplots)``, no display needed) saved to ``path`` when the block ends."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(**subplots)
+    try:
+        yield fig, axes
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+    finally:
+        plt.close(fig)
+
+
+def report(
+    stem: Path,
+    settings: dict[str, Any],
+    load: list[float],
+    figures: dict[str, Any],
+    markdown: Callable[[dict[str, Any]], str],
+    plot: Callable[[dict[str, Any]], Any],
+) -> dict[str, Any]:
+    """A benchmark's results (machine, load, settings, then its figures): writes ``stem.json`` and ``stem.md``, then
+    calls ``plot(results)``; returns the results."""
+    results = {"machine": machine(), "load": load, "settings": settings, **figures}
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    write_json(stem.with_suffix(".json"), results)
+    stem.with_suffix(".md").write_text(markdown(results) + "\n")
+    plot(results)
+    return results
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from bench.common import RESULTS, ROOT, machine, machine_line, write_json
+from bench.common import RESULTS, ROOT, batch_clock, machine, machine_line, write_json
 
 FLOP_PER_IMAGE_224 = 24.7e9  # ResNet-50, forward + backward, per image at 224 x 224
 # dense peak FLOP/s per precision (NVIDIA datasheets, SXM; TF32/bf16/fp16 tensor cores without sparsity)
@@ -106,29 +106,11 @@ def _set_tf32(enabled: bool) -> None:
 
 def measure(config: tuple, args: argparse.Namespace, device: str) -> dict[str, Any]:
     """Trains ``args.arch`` for warmup + steps batches in one configuration; returns images/s and MFU."""
-    from lightning.pytorch import Callback, Trainer
+    from lightning.pytorch import Trainer
 
     from modules import ImageClassifier
 
     name, precision, tf32, channels_last, compile_ = config
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-
-    class Window(Callback):
-        """Synchronised clock at the start of step ``warmup`` and at the end of the last step."""
-
-        def __init__(self) -> None:
-            self.start = self.end = 0.0
-
-        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-            if batch_idx == args.warmup:
-                sync()
-                self.start = time.perf_counter()
-
-        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-            if batch_idx == args.warmup + args.steps - 1:
-                sync()
-                self.end = time.perf_counter()
-
     _set_tf32(tf32)
     torch.manual_seed(0)
     model = ImageClassifier(
@@ -137,7 +119,8 @@ def measure(config: tuple, args: argparse.Namespace, device: str) -> dict[str, A
     )  # fmt: skip
     shape = (args.batch_size, 3, args.image_size, args.image_size)
     batch = (torch.randn(shape, device=device), torch.randint(0, 1000, (args.batch_size,), device=device))
-    window = Window()
+    # synchronised readings at the start of step ``warmup`` and at the end of the last step
+    window = batch_clock(device, lambda i: i == args.warmup, lambda i: i == args.warmup + args.steps - 1)
     # benchmark=True: cuDNN autotunes each convolution shape once, as the ImageNet reference scripts do
     trainer = Trainer(
         accelerator=device, devices=1, precision=precision, max_epochs=1, limit_val_batches=0,
@@ -146,7 +129,7 @@ def measure(config: tuple, args: argparse.Namespace, device: str) -> dict[str, A
     )  # fmt: skip
     began = time.perf_counter()
     trainer.fit(model, train_dataloaders=RepeatBatch(batch, args.warmup + args.steps))
-    seconds = window.end - window.start
+    seconds = window.ends[-1] - window.starts[0]
     # a non-finite loss would make fp16's GradScaler skip optimizer steps and flatter the throughput: record it
     loss = trainer.callback_metrics.get("train/loss")
     loss = float(loss) if loss is not None else None

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from bench.common import machine, machine_line, write_json
+from bench.common import batch_clock, figure, machine, machine_line, write_json
 from datamodules.mnist import ensure_mnist, load_split
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,25 +98,14 @@ class TestSetClock:
 
 def run_app(data_dir: Path, accelerator: str, extra: list[str]) -> dict[str, Any]:
     """The default config, built by the app's CLI and trained with ``trainer.fit``; test set after every epoch."""
-    from lightning.pytorch import Callback
-
     from app.cli import main
-
-    class Clock(Callback):
-        def __init__(self, clock: TestSetClock) -> None:
-            self.clock, self.seen = clock, 0
-
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-            self.seen += len(batch[1])
-
-        def on_train_epoch_end(self, trainer, pl_module) -> None:  # after the epoch's validation and checkpoint
-            self.clock.epoch_end(pl_module, self.seen)
 
     with tempfile.TemporaryDirectory(prefix="bench-mnist-app-") as root:
         args = ["--trainer.default_root_dir", root, "--data.data_dir", str(data_dir)]
         cli = main([*args, "--trainer.accelerator", accelerator, *extra], run=False)
         clock = TestSetClock(data_dir, device_for(accelerator))
-        cli.trainer.callbacks.append(Clock(clock))
+        # after each epoch (its validation and checkpoint included): the test set, and the clock without it
+        cli.trainer.callbacks.append(batch_clock("cpu", lambda i: False, on_epoch_end=clock.epoch_end))
         clock.begin()
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
         fit_s = time.perf_counter() - clock.start
@@ -219,25 +208,17 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    for name, run in results["runs"].items():
-        ax.plot([0] + [e["train_wall_s"] for e in run["epochs"]], [None] + [e["test_acc"] for e in run["epochs"]],
-                marker="o", label=f"{name}: {run['recipe'].split(', batch')[0]}")  # fmt: skip
-    ax.axhline(results["settings"]["target"], color="grey", linestyle="--", linewidth=1)
-    ax.set_xlabel("training wall time (s, without test evaluation)")
-    ax.set_ylabel("test accuracy (%)")
-    ax.set_ylim(97.0, 100.0)
-    ax.set_title(f"MNIST test accuracy vs time ({results['settings']['device']})")
-    ax.legend(fontsize=7, loc="lower right")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure(path, figsize=(6.4, 4.0)) as (_, ax):
+        for name, run in results["runs"].items():
+            ax.plot([0] + [e["train_wall_s"] for e in run["epochs"]], [None] + [e["test_acc"] for e in run["epochs"]],
+                    marker="o", label=f"{name}: {run['recipe'].split(', batch')[0]}")  # fmt: skip
+        ax.axhline(results["settings"]["target"], color="grey", linestyle="--", linewidth=1)
+        ax.set_xlabel("training wall time (s, without test evaluation)")
+        ax.set_ylabel("test accuracy (%)")
+        ax.set_ylim(97.0, 100.0)
+        ax.set_title(f"MNIST test accuracy vs time ({results['settings']['device']})")
+        ax.legend(fontsize=7, loc="lower right")
+        ax.grid(alpha=0.3)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -16,12 +16,16 @@ from typing import Any
 
 from lightning.pytorch import Callback
 
+from app.strategies.layout import parity_modes
 from bench.common import RESULTS, machine, machine_line, write_json
 
 STEPS = 6  # optimizer steps per mode; with 3 batches per epoch the runs cross an epoch boundary
 SGD = ["--model.optimizer", "SGD", "--model.optimizer.lr", "0.05", "--model.optimizer.momentum", "0.9"]
-EXACT_MODES = ["ddp", "allreduce", "allreduce_per_param", "allreduce_overlap", "ddp_mp"]
-AMP_MODES = ["ddp", "allreduce", "allreduce_per_param", "allreduce_overlap"]
+# the registry's modes, by what their layouts claim (app.strategies.layout): exact vs one device in fp32, close (fp16
+# on the wire), and the fp16 GradScaler scenario
+EXACT_MODES = parity_modes("exact")
+CLOSE_MODES = parity_modes("close")
+AMP_MODES = parity_modes("exact", fp16=True)
 
 
 class OverflowOnRank1(Callback):
@@ -48,7 +52,7 @@ def scenarios(data_dir: str) -> list[dict]:
         {  # the MNIST example's network (no BatchNorm); plus the wire-compressed all-reduce
             "name": "plain",
             "args": [*common, "--trainer.limit_train_batches", "3"],
-            "modes": [*EXACT_MODES, "allreduce_fp16"],
+            "modes": [*EXACT_MODES, *CLOSE_MODES],
         },
         {  # 2 micro-batches per optimizer step: 4 batches per epoch = 2 steps per epoch
             "name": "accumulate",

@@ -34,7 +34,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from bench.common import RESULTS, machine, machine_line, progress, run_job, summary, write_json
+from app.strategies.layout import layout_of
+from bench.common import RESULTS, batch_clock, figure, machine_line, progress, run_job, summary
+from bench.common import report as report_results
 
 # mode -> (processes it uses, plain counterpart(s) its ratio is taken against, app strategy name or None)
 MODES: dict[str, tuple[int, tuple[str, ...], str | None]] = {
@@ -70,22 +72,6 @@ class Batches:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def _step_clock(device: torch.device) -> Any:
-    from lightning.pytorch import Callback
-
-    class StepClock(Callback):
-        """Records the time at which every training batch starts (after it was fetched)."""
-
-        def __init__(self) -> None:
-            self.starts: list[float] = []
-
-        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-            _sync(device)
-            self.starts.append(time.perf_counter())
-
-    return StepClock()
 
 
 def _intervals(starts: list[float]) -> list[float]:
@@ -172,9 +158,9 @@ def _group(task: dict, arch: str, channels: int, precision: str, device: torch.d
                 net, optimizer, hook = plain[mode]
                 intervals = _plain_round(net, optimizer, batches, precision, device, hook)
             else:
-                clock = _step_clock(device)
+                clock = batch_clock(device)  # the time at which every training batch starts
                 # dp refuses a multi-process launch (torchrun's WORLD_SIZE); here rank 0 runs it as one process
-                env = {"WORLD_SIZE": "1"} if strategy == "dp" else {}
+                env = {"WORLD_SIZE": "1"} if layout_of(strategy).one_process else {}
                 with _env(env):
                     trainer = Trainer(
                         accelerator=device.type, devices=world if processes > 1 else 1, strategy=strategy,
@@ -194,8 +180,7 @@ def _default_callbacks(mode: str) -> list:
     """For ``app_ddp_callbacks``: the callbacks of ``configs/mnist.yaml`` that act on every training step."""
     if mode != "app_ddp_callbacks":
         return []
-    from app.callbacks import AMPHealth, LostRank, SIGTERMCheckpoint, SLURMRequeue, Throughput
-    from app.checkpoint import RNGState
+    from app.callbacks import AMPHealth, LostRank, RNGState, SIGTERMCheckpoint, SLURMRequeue, Throughput
 
     return [AMPHealth(), Throughput(), SLURMRequeue(), RNGState(), SIGTERMCheckpoint(), LostRank()]
 
@@ -216,7 +201,7 @@ def _env(values: dict[str, str]) -> Iterator[None]:
 
 def worker(task: dict) -> dict[str, Any]:
     """Runs inside the torchrun job (see ``bench.common.run_job``): every model x precision group in turn."""
-    import app  # noqa: F401  (registers the app's strategy names)
+    import app.strategies  # noqa: F401  (registers the app's strategy names)
 
     torch.set_num_threads(1)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
@@ -304,43 +289,32 @@ def markdown(results: dict[str, Any]) -> str:
 
 def plot(results: dict[str, Any], out: Path) -> list[Path]:
     """``step_time_modes.png`` (median and p10-p90 per mode) and ``step_time_scaling.png`` (img/s vs world size)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     groups = results["groups"]
-    fig, axes = plt.subplots(len(groups), 1, figsize=(8, 2.2 + 0.35 * len(MODES) * len(groups)), squeeze=False)
-    for ax, (group, modes) in zip(axes[:, 0], groups.items(), strict=True):
-        names = list(modes)
-        med = [modes[m]["median_ms"] for m in names]
-        err = [[med[i] - modes[m]["p10_ms"] for i, m in enumerate(names)],
-               [modes[m]["p90_ms"] - med[i] for i, m in enumerate(names)]]  # fmt: skip
-        colors = ["tab:gray" if m.startswith("plain_") else "tab:blue" for m in names]
-        ax.barh(names, med, xerr=err, color=colors, capsize=3)
-        ax.invert_yaxis()
-        ax.set_title(f"{group}: step time (median, p10-p90); gray = plain PyTorch")
-        ax.set_xlabel("ms per step")
-    fig.tight_layout()
-    paths = [out / "step_time_modes.png"]
-    fig.savefig(paths[0], dpi=110)
-    plt.close(fig)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for group, modes in groups.items():
-        for kind, (one, two) in {"plain": ("plain_single", "plain_ddp"), "app": ("app_single", "app_ddp")}.items():
-            if one in modes and two in modes:
-                sizes = [modes[one]["world_size"], modes[two]["world_size"]]
-                ax.plot(sizes, [modes[one]["img_per_s"], modes[two]["img_per_s"]], marker="o",
-                        linestyle="--" if kind == "plain" else "-", label=f"{group} {kind}")  # fmt: skip
-    ax.set_xlabel("world size (processes, 1 CPU thread each)")
-    ax.set_ylabel("images / s (all processes)")
-    ax.set_xticks([1, results["settings"]["world_size"]])
-    ax.set_title("Throughput vs world size: single device, then DDP")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    paths.append(out / "step_time_scaling.png")
-    fig.savefig(paths[1], dpi=110)
-    plt.close(fig)
+    paths = [out / "step_time_modes.png", out / "step_time_scaling.png"]
+    size = (8, 2.2 + 0.35 * len(MODES) * len(groups))
+    with figure(paths[0], nrows=len(groups), ncols=1, figsize=size, squeeze=False) as (_, axes):
+        for ax, (group, modes) in zip(axes[:, 0], groups.items(), strict=True):
+            names = list(modes)
+            med = [modes[m]["median_ms"] for m in names]
+            err = [[med[i] - modes[m]["p10_ms"] for i, m in enumerate(names)],
+                   [modes[m]["p90_ms"] - med[i] for i, m in enumerate(names)]]  # fmt: skip
+            colors = ["tab:gray" if m.startswith("plain_") else "tab:blue" for m in names]
+            ax.barh(names, med, xerr=err, color=colors, capsize=3)
+            ax.invert_yaxis()
+            ax.set_title(f"{group}: step time (median, p10-p90); gray = plain PyTorch")
+            ax.set_xlabel("ms per step")
+    with figure(paths[1], figsize=(7, 4)) as (_, ax):
+        for group, modes in groups.items():
+            for kind, (one, two) in {"plain": ("plain_single", "plain_ddp"), "app": ("app_single", "app_ddp")}.items():
+                if one in modes and two in modes:
+                    sizes = [modes[one]["world_size"], modes[two]["world_size"]]
+                    ax.plot(sizes, [modes[one]["img_per_s"], modes[two]["img_per_s"]], marker="o",
+                            linestyle="--" if kind == "plain" else "-", label=f"{group} {kind}")  # fmt: skip
+        ax.set_xlabel("world size (processes, 1 CPU thread each)")
+        ax.set_ylabel("images / s (all processes)")
+        ax.set_xticks([1, results["settings"]["world_size"]])
+        ax.set_title("Throughput vs world size: single device, then DDP")
+        ax.legend(fontsize=7)
     return paths
 
 
@@ -406,17 +380,9 @@ def task(models: list[str], precisions: list[str], modes: list[str], settings: d
 
 def report(raw: dict[str, Any], settings: dict[str, Any], load: list[float], out: Path) -> dict[str, Any]:
     """Statistics, table and plots of the job's timings; writes ``step_time.{json,md}`` and the PNGs into ``out``."""
-    results = {
-        "machine": machine(),
-        "load": load,
-        "settings": {**settings, "data": "synthetic in-memory batches", "threads_per_process": 1},
-        "groups": analyse(raw, settings["batch_size"], settings["world_size"]),
-    }
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "step_time.json", results)
-    (out / "step_time.md").write_text(markdown(results) + "\n")
-    plot(results, out)
-    return results
+    settings = {**settings, "data": "synthetic in-memory batches", "threads_per_process": 1}
+    figures = {"groups": analyse(raw, settings["batch_size"], settings["world_size"])}
+    return report_results(out / "step_time", settings, load, figures, markdown, lambda r: plot(r, out))
 
 
 if __name__ == "__main__":

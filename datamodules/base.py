@@ -45,6 +45,11 @@ class BatchPlan:
         )
 
 
+def nearest_multiples(global_batch_size: int, factor: int) -> tuple[int, int]:
+    """The valid global batches around one that ``factor`` (processes x accumulation) does not divide."""
+    return max(factor, global_batch_size // factor * factor), (global_batch_size // factor + 1) * factor
+
+
 def resolve_batch(
     batch_size: int,
     global_batch_size: int | None,
@@ -66,7 +71,7 @@ def resolve_batch(
             processes = f"{world_size} processes ({world_size // num_nodes} per node x {num_nodes} nodes)"
         else:
             processes = f"{world_size} process{'es' if world_size > 1 else ''}"
-        lower, upper = max(factor, global_batch_size // factor * factor), (global_batch_size // factor + 1) * factor
+        lower, upper = nearest_multiples(global_batch_size, factor)
         raise ValueError(
             f"data.global_batch_size={global_batch_size} cannot be split evenly: it must be a positive multiple of "
             f"{processes} x trainer.accumulate_grad_batches {accumulate_grad_batches} = {factor}. "

@@ -28,6 +28,7 @@ from torchvision.datasets import ImageFolder
 from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms import v2
 
+from app.errors import UserError
 from datamodules.base import ImageDataModule
 
 MEAN = (0.485, 0.456, 0.406)
@@ -35,11 +36,11 @@ STD = (0.229, 0.224, 0.225)
 TRAIN_SIZE, VAL_SIZE, NUM_CLASSES = 1_281_167, 50_000, 1000
 
 
-class ImageNetDataError(RuntimeError):
+class ImageNetDataError(UserError, RuntimeError):
     """The data folder is missing or not in the expected layout; the message says what to do."""
 
 
-class UnreadableImageError(RuntimeError):
+class UnreadableImageError(UserError, RuntimeError):
     """An image file could not be decoded; the message names it and the option that skips such files."""
 
 

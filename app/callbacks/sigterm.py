@@ -37,25 +37,25 @@ class SIGTERMCheckpoint(Callback):
         self._requested = False
         self._previous = None
 
-    def _install(self) -> None:
+    def _install(self, trainer: Trainer) -> None:
         # Lightning registers its handler after on_fit_start (Trainer._run), so it is replaced here, once it exists
         if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) != self._record:
             self._requested, self._previous = False, signal.signal(signal.SIGTERM, self._record)
-            agree.watch("sigterm", lambda: self._requested)
+            agree.watch(trainer, "sigterm", lambda: self._requested)
 
     def _record(self, signum, frame) -> None:
         self._requested = True
 
-    def _restore(self) -> None:
+    def _restore(self, trainer: Trainer) -> None:
         if signal.getsignal(signal.SIGTERM) == self._record:
             signal.signal(signal.SIGTERM, self._previous or signal.SIG_DFL)
-            agree.unwatch("sigterm")
+            agree.unwatch(trainer, "sigterm")
 
     def on_sanity_check_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._install()
+        self._install(trainer)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._install()
+        self._install(trainer)
 
     def on_train_batch_end(self, trainer: Trainer, *args) -> None:
         if not agree.any_rank(trainer, "sigterm", self._requested):
@@ -73,7 +73,7 @@ class SIGTERMCheckpoint(Callback):
         raise SIGTERMException(EXIT_CODE)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        self._restore()
+        self._restore(trainer)
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._restore()
+        self._restore(trainer)

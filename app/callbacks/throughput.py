@@ -14,14 +14,17 @@ from typing import Any
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.data import extract_batch_size
 
+from app.strategies.layout import layout_of
+
 
 def data_parallel_devices(trainer: Trainer) -> int:
-    """Devices the global batch runs on: the world size x the distinct devices of each process's stages (``ddp_mp``
-    splits each process's model over several GPUs), or the GPUs of one ``dp`` process."""
+    """Devices the global batch runs on: the GPUs of a process that splits its batch over them (``dp``, as its layout
+    says), else the world size x the distinct devices of each process's stages (``ddp_mp`` splits each process's
+    model over several GPUs; on CPU every stage is the CPU)."""
+    if layout_of(type(trainer.strategy)).splits_batch:
+        return max(1, trainer.num_devices)
     stages = getattr(trainer.strategy, "stage_devices", None)
-    if stages is not None:
-        return trainer.world_size * len(set(stages))
-    return trainer.world_size if trainer.world_size > 1 else max(1, trainer.num_devices)
+    return trainer.world_size * (len(set(stages)) if stages is not None else 1)
 
 
 class Throughput(Callback):

@@ -13,6 +13,8 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+LAUNCHER_NAMES = {"none": "none (Lightning starts the local processes)", "torchrun": "torchrun", "slurm": "SLURM"}
+
 
 @dataclass(frozen=True)
 class Launch:

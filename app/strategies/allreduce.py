@@ -15,6 +15,8 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from app.strategies.layout import Layout
+
 log = logging.getLogger(__name__)
 
 _WIRE_DTYPES = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -203,6 +205,12 @@ class AllReduceStrategy(DDPStrategy):
         while self._hooks:
             self._hooks.pop().remove()
         super().teardown()
+
+    @classmethod
+    def layout(cls, devices: int | None, num_nodes: int = 1, compression: str = "none", **init_args: Any) -> Layout:
+        """One process per device; exact parity in fp32, close with fp16 on the wire (bf16: not compared)."""
+        parity = {"none": "exact", "fp16": "close"}.get(compression)
+        return Layout(processes_per_node=devices, parity=parity, fp16_parity=compression == "none")
 
     @classmethod
     @override

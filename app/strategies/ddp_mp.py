@@ -23,6 +23,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import nn
 from typing_extensions import override
 
+from app.strategies.layout import Layout
+
 log = logging.getLogger(__name__)
 
 
@@ -91,6 +93,9 @@ def balance(units: list[nn.Module], stages: int) -> list[int]:
     return out
 
 
+DEVICES_PER_PROCESS = 2  # the default number of stages
+
+
 class DDPModelParallelStrategy(DDPStrategy):
     """DDP over processes, each holding its network split into ``devices_per_process`` stages.
 
@@ -101,7 +106,7 @@ class DDPModelParallelStrategy(DDPStrategy):
 
     strategy_name = "ddp_mp"
 
-    def __init__(self, devices_per_process: int = 2, **kwargs: Any) -> None:
+    def __init__(self, devices_per_process: int = DEVICES_PER_PROCESS, **kwargs: Any) -> None:
         if devices_per_process < 1:
             raise ValueError(f"ddp_mp: devices_per_process must be >= 1, got {devices_per_process}")
         super().__init__(**kwargs)
@@ -194,6 +199,16 @@ class DDPModelParallelStrategy(DDPStrategy):
         # then move everything to root_device, away from the parameters of the later stages.
         for optimizer, state in zip(self.optimizers, checkpoint["optimizer_states"], strict=True):
             optimizer.load_state_dict(state)
+
+    @classmethod
+    def layout(
+        cls, devices: int | None, num_nodes: int = 1, devices_per_process: int = DEVICES_PER_PROCESS, **init_args: Any
+    ) -> Layout:
+        """``trainer.devices`` counts processes; each needs ``devices_per_process`` GPUs of its own."""
+        return Layout(
+            processes_per_node=devices, devices_per_process=int(devices_per_process), needs_process_gpus=True,
+            parity="exact",
+        )  # fmt: skip
 
     @classmethod
     @override

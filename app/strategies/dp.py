@@ -15,6 +15,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
 from typing_extensions import override
 
+from app.strategies.layout import Layout
+
 # LightningModule step -> stage name given to ``log_step`` (the protocol of modules.ImageClassifier)
 _STAGES = {"training_step": "train", "validation_step": "val", "test_step": "test"}
 CHANNELS_LAST = torch.channels_last
@@ -214,6 +216,11 @@ class DataParallelStrategy(ParallelStrategy):
     def teardown(self) -> None:
         self.model = self.lightning_module  # unwrap
         super().teardown()
+
+    @classmethod
+    def layout(cls, devices: int | None, num_nodes: int = 1, **init_args: Any) -> Layout:
+        """One process drives every device of its node and splits each batch over them."""
+        return Layout(processes_per_node=1, devices_per_process=devices or 1, one_process=True, splits_batch=True)
 
     @classmethod
     @override

@@ -12,6 +12,7 @@ import torch
 import torchvision
 from torch import nn
 
+from app.errors import UserError
 from modules.zoo.mnist_cnn import mnist_cnn
 from modules.zoo.mnist_fast import mnist_fast
 
@@ -49,7 +50,7 @@ def _adapt_input_channels(net: nn.Module, in_channels: int) -> None:
             return
 
 
-class UnknownArchError(ValueError):
+class UnknownArchError(UserError, ValueError):
     """``model.arch`` names no network; the message suggests the closest names and lists all."""
 
 

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import pickle
 import random
-import subprocess
 import sys
 from pathlib import Path
 
@@ -26,6 +24,8 @@ import numpy as np
 import pytest
 import torch
 from lightning.pytorch import Callback
+
+from app.launch.torchrun import run_torchrun_job
 
 ROOT = Path(__file__).resolve().parents[2]
 CRASH = "tests.distributed.test_resume.CrashAfterFirstEpoch"
@@ -142,13 +142,8 @@ def test_single_device_resume_is_exact(mnist_dir, tmp_path):
 @pytest.fixture(scope="module")
 def distributed_resume(mnist_dir, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("resume")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    command += ["-m", "tests.distributed.test_resume", str(out), str(mnist_dir)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    job = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    if job.returncode != 0 or not (out / "results.json").exists():
-        raise RuntimeError(f"resume job failed (exit {job.returncode}):\n{job.stdout[-4000:]}\n{job.stderr[-8000:]}")
-    return json.loads((out / "results.json").read_text())
+    args = [str(out), str(mnist_dir)]
+    return run_torchrun_job("tests.distributed.test_resume", args, 2, out / "results.json", "resume", timeout=600)
 
 
 @pytest.mark.slow

@@ -65,7 +65,7 @@ def test_bf16_mixed_trains_on_cuda(mnist_dir, tmp_path):
 @requires_cuda(2)
 @pytest.mark.parametrize("precision", ["16-mixed", "bf16-mixed"])
 def test_dp_with_amp(mnist_dir, tmp_path, precision):
-    import app  # noqa: F401  (registers "dp")
+    import app.strategies  # noqa: F401  (registers "dp")
 
     seed_everything(0)
     amp = AMPHealth()

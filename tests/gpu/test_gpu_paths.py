@@ -9,9 +9,9 @@ import pytest
 import torch
 from lightning.pytorch import Callback, Trainer, seed_everything
 
-import app  # noqa: F401  (registers the strategy names)
+import app.strategies  # noqa: F401  (registers the strategy names)
 from app.callbacks import Throughput
-from app.checkpoint import _local_rng_state, _set_local_rng_state
+from app.callbacks.rng import _local_rng_state, _set_local_rng_state
 from app.strategies import DDPModelParallelStrategy
 from datamodules import ImageNetDataModule, MNISTDataModule
 from datamodules.imagenet import normalize

@@ -10,8 +10,8 @@ import torch
 
 from app.cli import main
 from app.launch.env import detect
-from app.launch.plan import build, machine_problems
-from app.launch.slurm import resolve_config
+from app.launch.preflight import build, machine_problems
+from app.slurm import resolve_config
 
 
 @pytest.fixture

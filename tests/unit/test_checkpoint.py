@@ -11,7 +11,8 @@ import torch
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from app.checkpoint import AtomicCheckpointIO, RNGState, UnsafeCheckpointError
+from app.callbacks import RNGState
+from app.checkpoint import AtomicCheckpointIO, UnsafeCheckpointError
 from app.cli import main
 from datamodules import MNISTDataModule
 from modules import ImageClassifier

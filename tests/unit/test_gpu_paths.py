@@ -9,11 +9,11 @@ import torch
 from lightning.pytorch import Callback
 from torch import nn
 
-import app  # noqa: F401  (registers the strategy names)
+import app.strategies  # noqa: F401  (registers the strategy names)
 from app.launch.env import detect
-from app.launch.plan import build, machine_problems
-from app.launch.slurm import resolve_config
+from app.launch.preflight import build, machine_problems
 from app.parity import jobs
+from app.slurm import resolve_config
 from app.strategies.ddp_mp import DDPModelParallelStrategy, balance, split_units
 from datamodules import MNISTDataModule
 from datamodules.imagenet import _mean_std, normalize

@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 
 from app.cli import main
+from app.launch.checks import launch_problems
 from app.launch.env import detect, expand_nodelist
-from app.launch.plan import Plan, PreflightError, build
-from app.launch.slurm import resolve_config
+from app.launch.plan import Plan
+from app.launch.preflight import PreflightError, build
+from app.slurm import resolve_config
 from tests.conftest import ROOT
 
 SLURM_2x4 = {  # what srun gives rank 5 of `sbatch --nodes=2 --ntasks-per-node=4`
@@ -109,8 +111,8 @@ def test_global_batch_that_world_size_does_not_divide():
     plan = Plan(
         launch=detect(SLURM_2x4), strategy="ddp", accelerator="gpu", devices=4, num_nodes=2, batch_size=None,
         global_batch_size=1000, lr=0.1, precision="16-mixed", root_dir="/tmp", resume=None, timeout=None, accumulate=2,
-    ).check()  # fmt: skip
-    (problem,) = plan.problems
+    )  # fmt: skip
+    (problem,) = launch_problems(plan)
     assert "global_batch_size=1000" in problem and "= 16" in problem and "992 or 1008" in problem
 
 

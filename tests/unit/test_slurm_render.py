@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from app.launch import slurm
+from app import slurm
 
 
 def dry_run(capsys, *args: str) -> str:

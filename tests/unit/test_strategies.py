@@ -12,6 +12,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from app.cli import main
 from app.strategies import AllReduceStrategy, DataParallelStrategy, DDPModelParallelStrategy
 from app.strategies.ddp_mp import balance, split_units
+from app.strategies.layout import layout_of
 from datamodules import MNISTDataModule
 from modules import ImageClassifier
 from modules.zoo import build
@@ -31,7 +32,7 @@ from tests.conftest import fast_trainer
     ],
 )
 def test_strategy_names_select_the_app_strategies(name, cls, attributes, tmp_path):
-    trainer = fast_trainer(tmp_path, strategy=name, devices=1 if name == "dp" else 2)
+    trainer = fast_trainer(tmp_path, strategy=name, devices=1 if layout_of(name).one_process else 2)
     assert type(trainer.strategy) is cls
     for key, value in attributes.items():
         assert getattr(trainer.strategy, key) == value

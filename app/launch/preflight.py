@@ -1,0 +1,75 @@
+"""The preflight: every rank builds the same plan from the parsed config and its launcher's variables, checks it and
+rank 0 prints it, before any process group is formed.
+
+A mismatch between the launcher and the config stops every rank at once with the fix in the message, instead of a
+hang in the rendezvous or an error deep inside the Trainer. Lightning validates some of this too
+(``SLURMEnvironment``), but only after the Trainer exists and without the plan around it, so the checks are repeated
+here with the fix spelled out.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from app.config import get
+from app.launch.checks import config_problems, launch_problems, machine_problems
+from app.launch.env import Launch, detect
+from app.launch.plan import Plan, device_count
+from app.strategies.layout import layout_of, strategy_name
+
+__all__ = ["PreflightError", "build", "machine_problems", "preflight"]
+
+
+class PreflightError(SystemExit):
+    """The config cannot run as given (launcher, machine, names, numbers); raised on every rank before the Trainer."""
+
+
+def build(config: Any, launch: Launch | None = None, timeout: float | None = None) -> Plan:
+    """The plan for a parsed subcommand config (LightningCLI's ``config[subcommand]``)."""
+    from app.checkpoint import hpc_checkpoint
+
+    launch = launch or detect()
+    trainer = config.trainer
+    accelerator = str(trainer.get("accelerator") or "auto")
+    root = str(Path(trainer.get("default_root_dir") or ".").resolve())
+    resume = config.get("ckpt_path")
+    if resume is None and launch.launcher == "slurm" and (hpc := hpc_checkpoint(root)) is not None:
+        resume = f"hpc: {hpc} (Lightning resumes from it automatically under SLURM)"
+    strategy = trainer.get("strategy") or "auto"
+    devices, nodes = device_count(trainer.get("devices", "auto"), accelerator), int(trainer.get("num_nodes") or 1)
+    plan = Plan(
+        launch=launch,
+        strategy=strategy_name(strategy),
+        accelerator=accelerator,
+        devices=devices,
+        num_nodes=nodes,
+        batch_size=get(config, "data", "batch_size"),
+        global_batch_size=get(config, "data", "global_batch_size"),
+        lr=get(config, "model", "optimizer", "lr"),
+        lr_reference_batch_size=get(config, "model", "lr_reference_batch_size"),
+        precision=str(trainer.get("precision") or "32-true"),
+        root_dir=root,
+        resume=str(resume) if resume else None,
+        timeout=timeout,
+        accumulate=int(trainer.get("accumulate_grad_batches") or 1),
+        layout=layout_of(strategy, devices, nodes),
+    )
+    plan.problems += launch_problems(plan) + config_problems(config)
+    return plan
+
+
+def preflight(config: Any, timeout: float | None = None, echo: bool = True) -> Plan:
+    """Builds and checks the plan; rank 0 prints it. Every rank exits with the fix when the plan has problems."""
+    plan = build(config, timeout=timeout)
+    from lightning.pytorch.utilities import rank_zero_info
+
+    plan.problems += machine_problems(plan, config)
+    if echo:
+        rank_zero_info(plan.render())
+    if plan.problems:
+        raise PreflightError(
+            "error: preflight: this run cannot start as configured; nothing was started.\n"
+            + "\n".join(f"  - {problem}" for problem in plan.problems)
+        )
+    return plan

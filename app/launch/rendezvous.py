@@ -1,0 +1,69 @@
+"""The ranks meeting each other: how long they wait, and what a rendezvous timeout means for this run's plan."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from app.launch.env import Launch, main_address
+
+if TYPE_CHECKING:
+    from app.launch.plan import Plan
+
+
+def apply_timeout(strategy: Any, seconds: float | None) -> None:
+    """Sets how long the ranks wait for each other (the process-group timeout, rendezvous included).
+
+    Lightning exposes this only as the ``timeout`` argument of ``DDPStrategy`` and its subclasses, which a strategy
+    given by name (``--trainer.strategy ddp``) cannot carry; the instantiated strategy keeps it in ``_timeout`` until
+    ``setup_environment`` passes it to ``init_process_group``, so it is set there.
+    """
+    if seconds is not None and hasattr(strategy, "_timeout"):
+        strategy._timeout = timedelta(seconds=seconds)
+
+
+@contextlib.contextmanager
+def rendezvous_errors_explained(plan: Plan | None) -> Iterator[None]:
+    """Turns c10d's rendezvous timeouts into a message that says which ranks of ``plan`` are missing and what to
+    check; other errors, and any error without a plan, pass unchanged."""
+    try:
+        yield
+    except Exception as err:
+        import torch.distributed as dist
+
+        if not isinstance(err, getattr(dist, "DistError", ())) or "imed out" not in str(err) or plan is None:
+            raise
+        sys.exit(_explain(err, plan))
+
+
+def _explain(err: Exception, plan: Plan) -> str:
+    launch = plan.launch
+    world = launch.world_size if launch.launcher != "none" else plan.world_size
+    rank = launch.rank if launch.launcher != "none" else (_int_env(launch, "NODE_RANK") or 0) * (plan.devices or 1)
+    env = {**launch.env, **os.environ}  # Lightning fills in MASTER_ADDR/PORT when the launcher did not
+    address = f"{env.get('MASTER_ADDR', main_address(launch))}:{env.get('MASTER_PORT', '?')}"
+    torch_says = str(err).strip().splitlines()[0][:300]
+    joined = re.search(r"(\d+)/(\d+) clients joined", torch_says)
+    if rank == 0:
+        count = f"only {joined.group(1)} of {joined.group(2)}" if joined else f"not all {world}"
+        missing = f"rank 0 waited at {address} for the {world} ranks of the job; {count} arrived"
+    else:
+        missing = f"rank {rank} never reached rank 0 at {address}: rank 0 did not start, or is unreachable"
+    layout = "\n".join(line for line in plan.render().splitlines() if line.startswith("    node"))
+    wait = f"{plan.timeout:g} s (--launch.timeout)" if plan.timeout is not None else "the strategy's timeout"
+    return (
+        f"error: the ranks did not all meet within {wait}: {missing} (torch: {torch_says}).\n"
+        f"Expected layout:\n{layout}\n"
+        "Check that every node started its processes (`squeue`/`sacct`, or the torchrun/python command on each "
+        "node), that all use the same MASTER_ADDR/MASTER_PORT, and that the port is reachable from every node."
+    )
+
+
+def _int_env(launch: Launch, name: str) -> int | None:
+    value = launch.env.get(name)
+    return int(value) if value and value.isdigit() else None

@@ -1,0 +1,57 @@
+"""A sixth parallel mode needs one strategy file: registered under a new name with its layout (here the throwaway
+``tests/unit/sixth_strategy.py``), it is in ``python -m app.parity``'s default modes, the preflight plan lays it out
+and checks the machine by its layout, and the parity job trains it like one device, with no other edit."""
+
+from __future__ import annotations
+
+import pytest
+from lightning.pytorch.strategies import StrategyRegistry
+
+from app.launch.env import detect
+from app.launch.preflight import build, machine_problems
+from app.parity import compare, jobs, parser
+from app.slurm import resolve_config
+from bench.parity import STEPS, scenarios
+
+TOL = 1e-5
+
+
+@pytest.fixture
+def sixth():
+    """The mode's name, registered for the test only (the other tests' mode lists stay as they are)."""
+    from tests.unit import sixth_strategy
+
+    sixth_strategy.register()
+    yield sixth_strategy.NAME
+    StrategyRegistry.remove(sixth_strategy.NAME)
+
+
+def test_the_parity_tool_compares_it_by_default(sixth):
+    assert sixth in parser().parse_args([]).modes.split(",")
+    assert jobs(["ddp", sixth], nproc=4, gpus=4) == {4: ["ddp"], 1: [sixth]}  # 3 GPUs per process: a job of its own
+    assert jobs(["ddp", sixth], nproc=2, gpus=0) == {2: ["ddp", sixth]}  # on CPU every mode shares the job
+
+
+def test_the_preflight_plan_lays_it_out_from_its_layout(sixth, tmp_path):
+    config = resolve_config(
+        ["fit", "--trainer.default_root_dir", str(tmp_path), "--trainer.strategy", sixth, "--trainer.devices", "2",
+         "--trainer.accelerator", "gpu"]
+    )  # fmt: skip
+    plan = build(config, launch=detect({}))
+    assert plan.strategy == sixth and plan.world_size == 2 and plan.devices_per_process == 3
+    assert "node 0 this host: ranks 0-1 -> cuda:0-5 (3 per process)" in plan.render()
+    (problem,) = machine_problems(plan, config, cuda_devices=4)
+    assert problem.startswith(f"{sixth}: trainer.devices counts processes, and 2 process(es) x devices_per_process 3")
+    assert machine_problems(plan, config, cuda_devices=6) == []
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_the_parity_job_trains_it_like_one_device(sixth, mnist_dir, tmp_path):
+    plain = scenarios(mnist_dir)[0]
+    scenario = {**plain, "name": "sixth", "modes": ["ddp", sixth], "imports": ["tests.unit.sixth_strategy"]}
+    facts = compare([scenario], steps=STEPS, nproc=2, workdir=tmp_path, accelerator="cpu")["scenarios"]["sixth"]
+    mine = facts["modes"][sixth]
+    assert mine["steps"] == STEPS and mine["ranks_identical"], mine
+    assert mine["max_diff_vs_single"] < TOL and mine["max_diff_vs_ddp"] < TOL, mine
+    assert facts["modes"]["ddp"]["moved"] > 100 * TOL  # the comparison is not vacuous

@@ -34,7 +34,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from app.strategies.layout import layout_of
+from app.strategies.layout import layout_of, parity_modes
 from bench.common import RESULTS, batch_clock, figure, machine_line, progress, run_job, summary
 from bench.common import report as report_results
 
@@ -53,6 +53,21 @@ MODES: dict[str, tuple[int, tuple[str, ...], str | None]] = {
     "app_allreduce": (2, ("app_ddp", "plain_tutorial"), "allreduce"),
     "app_allreduce_overlap": (2, ("app_ddp", "plain_tutorial"), "allreduce_overlap"),
 }
+
+
+def _with_the_other_exact_modes(modes: dict[str, tuple[int, tuple[str, ...], str | None]]) -> dict:
+    """Every registered mode that declares exact parity and is not in the table above is timed too (against app ddp
+    and plain DDP), so a new strategy shows up here without an edit."""
+    import app.strategies  # noqa: F401  (registers the app's strategy names)
+
+    timed = {strategy for _, _, strategy in modes.values()}
+    for name in parity_modes("exact"):
+        if name not in timed:
+            modes[f"app_{name}"] = (1 if layout_of(name).one_process else 2, ("app_ddp", "plain_ddp"), name)
+    return modes
+
+
+MODES = _with_the_other_exact_modes(MODES)
 MODELS = {"cnn": ("mnist_cnn", 1), "resnet18": ("resnet18", 3)}  # --models name -> (zoo arch, input channels)
 
 

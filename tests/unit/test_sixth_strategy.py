@@ -1,6 +1,7 @@
 """A sixth parallel mode needs one strategy file: registered under a new name with its layout (here the throwaway
-``tests/unit/sixth_strategy.py``), it is in ``python -m app.parity``'s default modes, the preflight plan lays it out
-and checks the machine by its layout, and the parity job trains it like one device, with no other edit."""
+``tests/unit/sixth_strategy.py``), it is in ``python -m app.parity``'s default modes and in the step-time benchmark,
+the preflight plan lays it out and checks the machine by its layout, and the parity job trains it like one device,
+with no other edit."""
 
 from __future__ import annotations
 
@@ -30,6 +31,13 @@ def test_the_parity_tool_compares_it_by_default(sixth):
     assert sixth in parser().parse_args([]).modes.split(",")
     assert jobs(["ddp", sixth], nproc=4, gpus=4) == {4: ["ddp"], 1: [sixth]}  # 3 GPUs per process: a job of its own
     assert jobs(["ddp", sixth], nproc=2, gpus=0) == {2: ["ddp", sixth]}  # on CPU every mode shares the job
+
+
+def test_the_step_time_benchmark_times_it(sixth):
+    from bench.step_time import _with_the_other_exact_modes
+
+    processes, compared_with, strategy = _with_the_other_exact_modes({})[f"app_{sixth}"]
+    assert (processes, compared_with, strategy) == (2, ("app_ddp", "plain_ddp"), sixth)
 
 
 def test_the_preflight_plan_lays_it_out_from_its_layout(sixth, tmp_path):

@@ -133,6 +133,7 @@ def run_group(spec_path: str) -> None:
     """One process running several fits in turn (imports paid once), each time-boxed with SIGALRM; one JSON line per
     item is appended to the results file as soon as it ends, so a crash of the process loses only what is left."""
     from app.cli import main
+from app.logging_steps import is_logging_step
 
     spec = json.loads(Path(spec_path).read_text())
     signal.signal(signal.SIGALRM, _alarm)
@@ -242,7 +243,7 @@ class SyncGuard(Callback):
     """Errors on any synchronising CUDA call from the start of a non-logging training step to the next step's start
     (the step, the optimizer, the callbacks and the progress bar, fetching the next batch); logging steps may read."""
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        logging = (trainer.fit_loop.epoch_loop._batches_that_stepped + 1) % trainer.log_every_n_steps == 0
+        logging = is_logging_step(trainer)
         torch.cuda.set_sync_debug_mode("error" if batch_idx >= 3 and not logging else 0)
         self.checked = getattr(self, "checked", 0) + (batch_idx >= 3 and not logging)
     def on_train_epoch_end(self, *args): torch.cuda.set_sync_debug_mode(0)

@@ -1,43 +1,71 @@
-"""One tiny all-reduce per training step answers every callback's "did this happen on any rank?" question.
+"""The ranks agree on host-side events ("a signal arrived on some rank") without a blocking collective per step.
 
-The watched values and the step's answer belong to the run: an :class:`Agreement` kept on the Trainer, which every
-callback of that Trainer reaches through these functions (the callbacks themselves hold no share of it, so they stay
-deep-copyable, and a new Trainer starts with an empty one).
+At the end of every training batch each rank starts one tiny asynchronous all-reduce of its watched flags, on CPU
+tensors over a gloo group (the default group when it is gloo, else one gloo group made for this), and at the end of
+the next batch it waits for that reduction (long finished: every rank started it a step earlier) and acts on it. So
+every rank acts at the same step, one step after the event, and no step waits on the network or drains the device
+queue for it (``bench/step_time.py``, ``app_ddp_callbacks``). With one process the flags are read directly, at once.
+
+The watched values and the pending reduction belong to the run: an :class:`Agreement` kept on the Trainer, which
+every callback of that Trainer reaches through these functions (the callbacks themselves hold no share of it, so
+they stay deep-copyable, and a new Trainer starts with an empty one).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
+import torch.distributed as dist
 from lightning.pytorch import Trainer
-from torch.distributed import ReduceOp
 
 _ATTRIBUTE = "_app_agreement"
 
 
 class Agreement:
-    """The values every step's all-reduce carries, and its last answer."""
+    """The flags every step's all-reduce carries, the reduction in flight and the last answer."""
 
     def __init__(self) -> None:
-        # name -> the local value, read when the step's all-reduce happens. Registered in the same order on every rank
-        # (the callbacks are built from the same config), so every rank lays the vector out alike.
+        # name -> the local value. Registered in the same order on every rank (the callbacks are built from the same
+        # config), so every rank lays the vector out alike.
         self.sources: dict[str, Callable[[], bool]] = {}
-        self.agreed: tuple[int, dict[str, bool]] | None = None  # the last answer: batch, values
+        self.agreed: tuple[int, dict[str, bool]] | None = None  # the answer acted on at a batch: (batch, values)
+        self.pending: tuple[list[str], torch.Tensor, Any] | None = None  # (names, tensor, work) started last batch
+        self.group: Any = None
 
-    def any_rank(self, trainer: Trainer, name: str, local: bool | None) -> bool:
+    def any_rank(self, trainer: Trainer, name: str) -> bool:
         batch = trainer.fit_loop.total_batch_idx
-        if self.agreed is not None and self.agreed[0] == batch and name in self.agreed[1]:
-            return self.agreed[1][name]
-        values = {n: bool(read()) for n, read in self.sources.items()}
-        if local is not None:
-            values[name] = bool(local)
-        if trainer.world_size > 1 and values:
-            flags = torch.tensor([float(v) for v in values.values()], device=trainer.strategy.root_device)
-            flags = trainer.strategy.reduce(flags, reduce_op=ReduceOp.SUM)  # as Lightning's reduce_boolean_decision
-            values = dict(zip(values, (v > 0 for v in flags.tolist()), strict=True))
-        self.agreed = (batch, values)
-        return values.get(name, False)
+        if self.agreed is None or self.agreed[0] != batch:
+            self.agreed = (batch, self._advance(trainer))
+        return self.agreed[1].get(name, False)
+
+    def _advance(self, trainer: Trainer) -> dict[str, bool]:
+        """The answer for this batch (the reduction started at the previous one) and the start of the next one."""
+        if trainer.world_size == 1 or not dist.is_available() or not dist.is_initialized():
+            return {name: bool(read()) for name, read in self.sources.items()}
+        answer = self.wait()
+        names = list(self.sources)
+        if names:
+            flags = torch.tensor([float(bool(self.sources[n]())) for n in names])  # CPU: no device queue involved
+            self.pending = (names, flags, dist.all_reduce(flags, group=self._group(), async_op=True))
+        return answer
+
+    def wait(self) -> dict[str, bool]:
+        """Waits for the reduction in flight, if any, and returns its values (also before the run ends, so that no
+        collective is left running when the process group is destroyed)."""
+        if self.pending is None:
+            return {}
+        names, flags, work = self.pending
+        self.pending = None
+        work.wait()
+        return {n: v > 0 for n, v in zip(names, flags.tolist(), strict=True)}
+
+    def _group(self) -> Any:
+        # Every rank gets here at the end of the same (first) batch, so new_group's collective lines up.
+        if self.group is None:
+            self.group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        return self.group
 
 
 def agreement(trainer: Trainer) -> Agreement:
@@ -54,18 +82,22 @@ def watch(trainer: Trainer, name: str, local: Callable[[], bool]) -> None:
     agreement(trainer).sources[name] = local
 
 
-def unwatch(trainer: Trainer, name: str) -> None:
+def unwatch(trainer: Trainer, name: str, finished: bool = True) -> None:
+    """Stops watching ``name``. When nothing is left to watch, the reduction in flight is waited for (every rank
+    started it), so none is left running when the process group is destroyed; after an error (``finished`` False) a
+    peer may be gone, so it is dropped instead, for every watcher of the run."""
     shared = agreement(trainer)
     shared.sources.pop(name, None)
     shared.agreed = None
+    if not finished:
+        shared.pending = None
+    elif not shared.sources:
+        shared.wait()
 
 
-def any_rank(trainer: Trainer, name: str, local: bool | None = None) -> bool:
-    """Whether ``name`` is true on any rank at this training batch.
-
-    All ranks must act at the same step: one rank stopping or saving alone leaves the others waiting in a collective.
-    The first callback to ask in a batch runs one all-reduce over every watched value and its own ``local`` value;
-    the callbacks asking after it in the same batch read that answer. (A collective per callback and step costs about
-    a millisecond each on gloo, measured in ``bench/step_time.py``.)
+def any_rank(trainer: Trainer, name: str) -> bool:
+    """Whether the watched ``name`` was true on any rank, as agreed at this training batch: the flags every rank read
+    at the end of the previous batch (so all ranks see the same answer at the same step), or at once with one process.
+    The first callback to ask in a batch advances the agreement; the others asking in the same batch read its answer.
     """
-    return agreement(trainer).any_rank(trainer, name, local)
+    return agreement(trainer).any_rank(trainer, name)

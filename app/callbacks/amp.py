@@ -12,9 +12,10 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 
-from app.callbacks import agree
+from app.logging_steps import is_logging_step
 
 
 class NonFiniteLossError(RuntimeError):
@@ -30,16 +31,19 @@ def grad_scaler(trainer: Trainer) -> torch.amp.GradScaler | None:
 class AMPHealth(Callback):
     """Watches mixed-precision training and stops training on NaNs instead of silently continuing.
 
-    - Logs ``amp/loss_scale`` and ``amp/skipped_steps`` every step when a GradScaler is in use.
+    - Logs ``amp/loss_scale`` and ``amp/skipped_steps`` on logging steps when a GradScaler is in use.
     - On an overflow prints, on rank 0 and at most once per ``message_interval_steps`` optimizer steps,
       ``Gradient overflow at step N. Skipping step, loss scaler reducing loss scale to X`` (as Apex did).
     - A step the GradScaler skipped does not advance per-step LR schedulers (Lightning#5558).
     - ``max_nonfinite_steps`` consecutive non-finite losses (on any rank) stop the run on every rank with a
-      :class:`NonFiniteLossError` naming the step, the loss and the parameters whose gradients were not finite.
+      :class:`NonFiniteLossError` naming the steps, the loss and the parameters whose gradients were not finite.
+      The losses are counted on the device every step and read on logging steps (``trainer.log_every_n_steps``),
+      at each epoch's end and before any checkpoint is built (a run that reached the limit stops before the save),
+      and the steps in between carry no host read.
 
     Args:
         max_nonfinite_steps: consecutive non-finite losses tolerated before stopping; ``None`` disables the guard
-            (it costs one tiny all-reduce per step under distributed strategies, so that all ranks stop together).
+            (each check is one tiny all-reduce under distributed strategies, so that all ranks stop together).
         message_interval_steps: minimum number of optimizer steps between two overflow messages.
     """
 
@@ -54,7 +58,9 @@ class AMPHealth(Callback):
         self._snapshots: list[tuple[Any, dict, list[dict]]] = []
         self._last_message_step: int | None = None
         self._unreported = 0
-        self._nonfinite_run: list[int] = []
+        self._run = torch.zeros((), dtype=torch.int32)  # consecutive non-finite losses up to the last step
+        self._longest = torch.zeros((), dtype=torch.int32)  # the longest such run
+        self._last_loss: torch.Tensor | None = None
 
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer) -> None:
         scaler = grad_scaler(trainer)
@@ -74,8 +80,11 @@ class AMPHealth(Callback):
         ]
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        logging_step = is_logging_step(trainer)
         scaler = grad_scaler(trainer)
         if scaler is not None and self._scale_before is not None:
+            # A host read per step, but only with a GradScaler: its step() reads found_inf on the host every step
+            # (in a plain PyTorch loop too), so the device queue is already drained here.
             scale = scaler.get_scale()
             # GradScaler.update() lowers the scale exactly when it found inf/NaN gradients and skipped the step.
             if scale < self._scale_before:
@@ -84,10 +93,28 @@ class AMPHealth(Callback):
                 self._report_overflow(trainer.global_step, scale)
             self._scale_before = None
             self._snapshots = []
-            pl_module.log("amp/loss_scale", scale, on_step=True, on_epoch=False)
-            pl_module.log("amp/skipped_steps", float(self.skipped_steps), on_step=True, on_epoch=False)
-        if self.max_nonfinite_steps is not None:
-            self._check_loss(trainer, pl_module, outputs)
+            if logging_step:
+                pl_module.log("amp/loss_scale", scale, on_step=True, on_epoch=False)
+                pl_module.log("amp/skipped_steps", float(self.skipped_steps), on_step=True, on_epoch=False)
+        if self.max_nonfinite_steps is None:
+            return
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        if loss is not None:
+            # counted on the device: the consecutive non-finite losses so far and the longest such run
+            finite = torch.isfinite(loss.detach()).all()
+            self._run = torch.where(finite, 0, self._run.to(finite.device) + 1)
+            self._longest = torch.maximum(self._longest.to(finite.device), self._run)
+            self._last_loss = loss.detach()
+        if logging_step:
+            self._check(trainer, pl_module)
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._check(trainer, pl_module)
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        # every rank builds every checkpoint (Lightning's contract for save_checkpoint), so all of them agree here
+        if trainer.state.fn == TrainerFn.FITTING:
+            self._check(trainer, pl_module)
 
     def _undo_scheduler_steps(self) -> None:
         for scheduler, state, groups in self._snapshots:
@@ -111,31 +138,32 @@ class AMPHealth(Callback):
         rank_zero_info(message)
         self._last_message_step, self._unreported = step, 0
 
-    def _check_loss(self, trainer: Trainer, pl_module: LightningModule, outputs) -> None:
-        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
-        local_bad = loss is not None and not bool(torch.isfinite(loss.detach()).all())
-        # One rank alone must never stop: the others would wait for it in the next collective forever.
-        bad = agree.any_rank(trainer, "nonfinite_loss", local_bad)
-        if not bad:
-            self._nonfinite_run = []
+    def _check(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Reads the counters (a host read: on logging steps, at the epoch's end and before a checkpoint is built)
+        and stops every rank when any rank saw ``max_nonfinite_steps`` consecutive non-finite losses. One rank alone
+        must never stop: the others would wait for it in the next collective forever."""
+        if self.max_nonfinite_steps is None:
             return
-        self._nonfinite_run.append(trainer.global_step)
-        if len(self._nonfinite_run) < self.max_nonfinite_steps:
+        run, longest = (int(v) for v in torch.stack([self._run, self._longest.to(self._run.device)]).tolist())
+        if not trainer.strategy.reduce_boolean_decision(longest >= self.max_nonfinite_steps, all=False):
             return
-        raise NonFiniteLossError(self._diagnosis(trainer, pl_module, loss))
+        raise NonFiniteLossError(self._diagnosis(trainer, pl_module, max(longest, self.max_nonfinite_steps), run))
 
-    def _diagnosis(self, trainer: Trainer, pl_module: LightningModule, loss) -> str:
+    def _diagnosis(self, trainer: Trainer, pl_module: LightningModule, longest: int, run: int) -> str:
         names = [
             name
             for name, p in pl_module.named_parameters()
             if p.grad is not None and not bool(torch.isfinite(p.grad).all())
         ]
         shown = ", ".join(names[:8]) + (f" (+{len(names) - 8} more)" if len(names) > 8 else "") if names else "none"
-        first, last = self._nonfinite_run[0], self._nonfinite_run[-1]
+        step = trainer.global_step
+        # the run is still going on (NaN weights stay NaN), or it ended before this check (read every logging step)
+        steps = f"steps {step - run + 1}..{step}" if run >= longest else f"ending before step {step - run + 1}"
+        loss = self._last_loss
         return (
-            f"the training loss was not finite for {len(self._nonfinite_run)} consecutive steps "
-            f"(steps {first}..{last}, precision {trainer.precision}); loss on rank {trainer.global_rank} at step "
-            f"{last}: {None if loss is None else loss.item()}. Parameters with non-finite gradients: {shown}. "
+            f"the training loss was not finite for {longest} consecutive steps "
+            f"({steps}, precision {trainer.precision}); loss on rank {trainer.global_rank} at step "
+            f"{step}: {None if loss is None else loss.item()}. Parameters with non-finite gradients: {shown}. "
             "Training was stopped before saving NaN weights; the last checkpoint is untouched "
             "(resume with --ckpt_path last). Fix: lower the learning rate, clip gradients "
             "(--trainer.gradient_clip_val 1.0), prefer precision bf16-mixed over 16-mixed, and check the inputs for "

@@ -16,8 +16,8 @@ class SLURMRequeue(Callback):
     Lightning's own handler saves the checkpoint inside the signal handler, wherever each rank happens to be. Under DDP
     one rank then enters the checkpoint's collectives while another waits in backward's all-reduce, and the job hangs
     until the process-group timeout (seen here; Lightning#21406). So this handler only records the signal; after each
-    training batch the ranks agree whether any of them got it (``app.callbacks.agree``: one tiny all-reduce per step
-    for all such checks), and then all of them run
+    training batch the ranks agree whether any of them got it (``app.callbacks.agree``: one asynchronous all-reduce
+    per step for all such checks, read one step later), and then all of them run
     Lightning's own routine together: finalize the loggers, write ``hpc_ckpt_N.ckpt``, and rank 0 calls
     ``scontrol requeue``. The requeued job resumes from that checkpoint as before. Does nothing outside SLURM.
     """
@@ -43,12 +43,18 @@ class SLURMRequeue(Callback):
     def on_train_batch_end(self, trainer: Trainer, *args) -> None:
         if self._signum is None:
             return
-        if agree.any_rank(trainer, "slurm_requeue", self._requested):
+        if agree.any_rank(trainer, "slurm_requeue"):
             self._requested = False
             trainer._signal_connector._slurm_sigusr_handler_fn(self._signum, None)
 
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._restore(trainer, finished=False)  # a peer may be gone: nothing in flight is waited for
+
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._restore(trainer)
+
+    def _restore(self, trainer: Trainer, finished: bool = True) -> None:
         if self._signum is not None:
             signal.signal(self._signum, self._previous or signal.SIG_DFL)
-            agree.unwatch(trainer, "slurm_requeue")
+            agree.unwatch(trainer, "slurm_requeue", finished)
             self._signum = None

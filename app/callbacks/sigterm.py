@@ -22,8 +22,8 @@ class SIGTERMCheckpoint(Callback):
     to be: a rank interrupted in backward's all-reduce and one in the data loader then pair up the wrong collectives
     and the DDP job hangs (the same failure as the in-handler SLURM checkpoint, see :class:`SLURMRequeue`); and it
     saves nothing. This handler only records the signal. After each training batch the ranks agree whether any of them
-    got it (one tiny all-reduce per step, shared with the other such checks in ``app.callbacks.agree``, so a signal
-    to one rank stops all of them), then all of them save the checkpoint
+    got it (``app.callbacks.agree``: an asynchronous all-reduce per step, shared with the other such checks and read
+    one step later, so a signal to one rank stops all of them at the same step), then all of them save the checkpoint
     together and raise Lightning's ``SIGTERMException`` (a ``SystemExit``: loggers are finalized, no traceback).
     ``--ckpt_path last`` resumes at the same global step.
 
@@ -42,14 +42,20 @@ class SIGTERMCheckpoint(Callback):
         if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) != self._record:
             self._requested, self._previous = False, signal.signal(signal.SIGTERM, self._record)
             agree.watch(trainer, "sigterm", lambda: self._requested)
+            # Lightning 2.6 also broadcasts rank 0's SIGTERM flag before every training batch and reads it on the
+            # host (_TrainingEpochLoop._broadcast_sigterm_tensor): a blocking collective and a device sync per step.
+            # Its flag is set only by Lightning's handler, which this one has just replaced, so the broadcast could
+            # only ever carry 0: it is switched off for this run (the instance attribute; the class is untouched).
+            trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
 
     def _record(self, signum, frame) -> None:
         self._requested = True
 
-    def _restore(self, trainer: Trainer) -> None:
+    def _restore(self, trainer: Trainer, finished: bool = True) -> None:
         if signal.getsignal(signal.SIGTERM) == self._record:
             signal.signal(signal.SIGTERM, self._previous or signal.SIG_DFL)
-            agree.unwatch(trainer, "sigterm")
+            agree.unwatch(trainer, "sigterm", finished)
+            vars(trainer.fit_loop.epoch_loop).pop("_broadcast_sigterm_tensor", None)
 
     def on_sanity_check_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._install(trainer)
@@ -58,7 +64,7 @@ class SIGTERMCheckpoint(Callback):
         self._install(trainer)
 
     def on_train_batch_end(self, trainer: Trainer, *args) -> None:
-        if not agree.any_rank(trainer, "sigterm", self._requested):
+        if not agree.any_rank(trainer, "sigterm"):
             return
         ckpt = trainer.checkpoint_callback
         folder = Path(ckpt.dirpath if ckpt is not None and ckpt.dirpath else trainer.default_root_dir)
@@ -73,7 +79,8 @@ class SIGTERMCheckpoint(Callback):
         raise SIGTERMException(EXIT_CODE)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        self._restore(trainer)
+        # after our own stop every rank is at the same step; after another error a peer may be gone
+        self._restore(trainer, finished=isinstance(exception, SIGTERMException))
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._restore(trainer)

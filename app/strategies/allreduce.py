@@ -62,6 +62,7 @@ class AllReduceStrategy(DDPStrategy):
         self._pending: list[tuple[Any, Callable[[], None]]] = []  # (work, write-back) of launched buckets
         self._hooks: list[Any] = []
         self._has_grad: list[bool] = []  # per launched parameter: did this rank have a gradient
+        self._had_grad: Tensor | None = None  # per parameter, after the last bucket: > 0 where any rank had one
         self._averaged = False  # the armed backward has averaged its gradients
 
     @override
@@ -82,6 +83,8 @@ class AllReduceStrategy(DDPStrategy):
 
     def _make_buckets(self, params: list[nn.Parameter]) -> list[list[nn.Parameter]]:
         """Reverse parameter order (gradients of the last layers arrive first), cut at ``bucket_cap_mb``."""
+        if not params:
+            return []
         if self.bucket_cap_mb == 0:
             return [[p] for p in reversed(params)]
         cap = self.bucket_cap_mb * 2**20
@@ -111,43 +114,57 @@ class AllReduceStrategy(DDPStrategy):
     def _launch(self, bucket: list[nn.Parameter]) -> tuple[Any, Callable[[], None]]:
         """Starts the asynchronous SUM of one bucket's gradients; a missing gradient is sent as zeros.
 
-        Returns the work handle and the function that turns the sum into the average inside ``param.grad``.
+        Returns the work handle and the function that turns the sum into the average inside ``param.grad``. The
+        last bucket also carries one number per parameter, 1/world where this rank had a gradient: summed, 0 means
+        no rank had one (so no extra collective tells the ranks which gradients exist).
         """
         world, wire = self.world_size, _WIRE_DTYPES[self.compression]
         self._has_grad.extend(p.grad is not None for p in bucket)
         for param in bucket:
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
-        if len(bucket) == 1 and wire is None:  # the tutorial's average_gradients: in place, then divide
+        last = self._next == len(self._buckets) - 1
+        if len(bucket) == 1 and wire is None and not last:  # the tutorial's average_gradients: in place, then divide
             grad = bucket[0].grad
             return dist.all_reduce(grad, op=dist.ReduceOp.SUM, async_op=True), lambda: grad.div_(world)
         # pre-divide (as DDP does): an fp16 sum over many ranks overflows later
-        payload = torch.cat([p.grad.reshape(-1) for p in bucket]).div_(world)
+        parts = [p.grad.reshape(-1) for p in bucket]
+        if last:
+            like = {"dtype": parts[0].dtype, "device": parts[0].device}
+            has = self._has_grad
+            parts.append(torch.ones(len(has), **like) if all(has) else torch.tensor(has, **like))
+        payload = torch.cat(parts).div_(world)
         payload = payload.to(wire) if wire is not None else payload
         work = dist.all_reduce(payload, op=dist.ReduceOp.SUM, async_op=True)
 
         def finish() -> None:
-            for param, chunk in zip(bucket, payload.split([p.numel() for p in bucket]), strict=True):
+            sizes = [p.numel() for p in bucket]
+            chunks = payload.split([*sizes, payload.numel() - sum(sizes)])
+            for param, chunk in zip(bucket, chunks, strict=False):
                 param.grad.copy_(chunk.view_as(param))
+            if last:
+                self._had_grad = chunks[-1]
 
         return work, finish
 
     def average_gradients(self) -> None:
         """Launches the buckets the hooks have not launched yet, in order, waits for all, then restores ``None`` for
-        parameters that had no gradient on any rank (one small extra call, so optimizers treat them as DDP would)."""
+        parameters that had no gradient on any rank (the last bucket carried that), so optimizers treat them as DDP
+        would."""
         while self._next < len(self._buckets):
             self._pending.append(self._launch(self._buckets[self._next]))
             self._next += 1
         for work, finish in self._pending:
             work.wait()
             finish()
-        params = [p for bucket in self._buckets for p in bucket]
-        counts = torch.tensor(self._has_grad, dtype=torch.int32, device=params[0].device if params else None)
-        dist.all_reduce(counts, op=dist.ReduceOp.SUM)
-        for param, count in zip(params, counts.tolist(), strict=True):
-            if count == 0:
-                param.grad = None
-        self._pending, self._next, self._has_grad = [], 0, []
+        if not all(self._has_grad) and self._had_grad is not None:
+            # Only a rank that lacked a gradient reads the sums (a host read): where it had every one, every sum is
+            # at least its own 1/world and nothing can change, so the common step reads nothing off the device.
+            params = [p for bucket in self._buckets for p in bucket]
+            for param, total in zip(params, self._had_grad.tolist(), strict=True):
+                if total == 0:
+                    param.grad = None
+        self._pending, self._next, self._has_grad, self._had_grad = [], 0, [], None
         self._arrived = [0] * len(self._buckets)
         self._averaged = True
 

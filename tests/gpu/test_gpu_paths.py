@@ -107,3 +107,31 @@ def test_dp_replicas_keep_channels_last_weights(mnist_dir, tmp_path):
     model.net[0].register_forward_hook(record)
     _trainer(tmp_path, devices=2, strategy="dp", max_steps=2).fit(model, MNISTDataModule(data_dir=str(mnist_dir)))
     assert seen == {0: True, 1: True}
+
+
+@requires_cuda(1)
+def test_default_callbacks_train_without_a_host_sync_between_logging_steps(mnist_dir, tmp_path):
+    """The steady-state step of the default config (its per-step callbacks, 32-true) under
+    ``set_sync_debug_mode("error")``: any blocking CUDA call outside logging steps raises."""
+    from app.callbacks import AMPHealth, LostRank, RNGState, SIGTERMCheckpoint, SLURMRequeue, Throughput
+    from app.logging_steps import is_logging_step
+
+    class SyncGuard(Callback):
+        checked = 0
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            strict = batch_idx >= 2 and not is_logging_step(trainer)
+            torch.cuda.set_sync_debug_mode("error" if strict else 0)
+            self.checked += strict
+
+        def on_train_epoch_end(self, *args):
+            torch.cuda.set_sync_debug_mode(0)
+
+    guard = SyncGuard()
+    callbacks = [AMPHealth(), Throughput(), SLURMRequeue(), RNGState(), SIGTERMCheckpoint(), LostRank(), guard]
+    trainer = _trainer(tmp_path, max_steps=24, limit_val_batches=0, log_every_n_steps=10, callbacks=callbacks)
+    try:
+        trainer.fit(ImageClassifier(arch="mnist_fast"), MNISTDataModule(data_dir=str(mnist_dir), batch_size=64))
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert trainer.global_step == 24 and guard.checked >= 18

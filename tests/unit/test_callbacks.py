@@ -140,6 +140,7 @@ def test_isolated_nonfinite_loss_is_tolerated(mnist_dir, tmp_path):
             if batch_idx == self.start:
                 batch[0].fill_(float("nan"))
 
+    seed_everything(0)  # (another init can overflow fp16 at the first step too: a second, legitimate skip)
     amp = AMPHealth(max_nonfinite_steps=2)
     trainer = trainer_for(tmp_path, [OneNaN(start=1), amp], plugins=[MixedPrecision("16-mixed", "cpu")])
     trainer.fit(per_step_model(), mnist(mnist_dir))  # the scaler skips the NaN step; training goes on
@@ -221,3 +222,20 @@ def test_stop_at_accuracy_without_target_does_nothing(mnist_dir, tmp_path):
     trainer = trainer_for(tmp_path, [stop], max_epochs=2, limit_train_batches=2)
     trainer.fit(ImageClassifier(), mnist(mnist_dir))  # no val/acc1 at all, and no complaint
     assert trainer.current_epoch == 2 and stop.result is None
+
+
+def test_nonfinite_run_between_logging_steps_stops_before_the_next_checkpoint(mnist_dir, tmp_path):
+    """With no logging step in the run, the device-side count is read when a checkpoint is built: the run stops
+    there, every rank together, and the NaN weights are not written."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    saves = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=6, save_top_k=-1)
+    amp = AMPHealth(max_nonfinite_steps=3)
+    trainer = trainer_for(
+        tmp_path, [NaNInput(start=2), amp, saves], enable_checkpointing=True, log_every_n_steps=50,
+        limit_train_batches=10,
+    )  # fmt: skip
+    with pytest.raises(NonFiniteLossError) as err:
+        trainer.fit(per_step_model(), mnist(mnist_dir))
+    assert "not finite for 4 consecutive steps (steps 3..6" in str(err.value)
+    assert trainer.global_step == 6 and not list((tmp_path / "ckpt").glob("*.ckpt"))

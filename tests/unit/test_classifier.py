@@ -59,3 +59,54 @@ def test_per_step_schedule_length_must_match_the_run(mnist_dir, tmp_path, total_
     else:
         assert messages == []
         assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.1 * 0.01)
+
+
+def test_training_metrics_per_logging_step_and_over_the_epoch(mnist_dir, tmp_path):
+    """``train/*`` are logged on logging steps only (this batch's values); the epoch's values are the image-weighted
+    means over all of the epoch's batches: here, with every step logged, exactly the mean of the logged steps."""
+    from lightning.pytorch import Callback
+
+    class Record(Callback):
+        def __init__(self) -> None:
+            self.steps: list[dict[str, float]] = []
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            metrics = trainer.callback_metrics
+            self.steps.append({k: float(metrics[k]) for k in ("train/loss", "train/acc1", "train/acc5")})
+
+    seed_everything(0)
+    record = Record()
+    trainer = fast_trainer(tmp_path, limit_train_batches=8, limit_val_batches=2, log_every_n_steps=1)
+    trainer.callbacks.append(record)
+    trainer.fit(ImageClassifier(arch="mnist_cnn"), MNISTDataModule(data_dir=str(mnist_dir), batch_size=32))
+    metrics = trainer.callback_metrics
+    assert len(record.steps) == 8
+    for key in ("train/loss", "train/acc1", "train/acc5"):
+        mean = sum(step[key] for step in record.steps) / 8  # equal batches: the image-weighted mean
+        assert float(metrics[f"{key}_epoch"]) == pytest.approx(mean, rel=1e-5), key
+    assert all(step["train/acc5"] >= step["train/acc1"] for step in record.steps)
+    assert metrics["train/acc5_epoch"] > metrics["train/acc1_epoch"]
+
+
+def test_training_values_reach_the_logger_only_on_logging_steps(mnist_dir, tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+
+    logger = CSVLogger(tmp_path, name="csv")
+    trainer = fast_trainer(tmp_path, limit_train_batches=10, limit_val_batches=0, log_every_n_steps=4, logger=logger)
+    model = ImageClassifier(arch="mnist_cnn")
+    logged: list[int] = []
+    original = model.log
+
+    def counting_log(name, *args, **kwargs):
+        if name == "train/loss":
+            logged.append(trainer.global_step)
+        return original(name, *args, **kwargs)
+
+    model.log = counting_log
+    trainer.fit(model, MNISTDataModule(data_dir=str(mnist_dir), batch_size=16))
+    # steps 4 and 8 (Lightning's logging steps, global step counted before the optimizer step) and the last batch
+    assert logged == [3, 7, 9]
+    rows = (tmp_path / "csv" / "version_0" / "metrics.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    steps = [int(r.split(",")[header.index("step")]) for r in rows[1:] if r.split(",")[header.index("train/loss")]]
+    assert steps == [3, 7]

@@ -133,7 +133,6 @@ def run_group(spec_path: str) -> None:
     """One process running several fits in turn (imports paid once), each time-boxed with SIGALRM; one JSON line per
     item is appended to the results file as soon as it ends, so a crash of the process loses only what is left."""
     from app.cli import main
-from app.logging_steps import is_logging_step
 
     spec = json.loads(Path(spec_path).read_text())
     signal.signal(signal.SIGALRM, _alarm)
@@ -238,6 +237,7 @@ NOSYNC = '''
 import sys, torch
 from lightning.pytorch import Callback
 from app.cli import main
+from app.logging_steps import is_logging_step
 
 class SyncGuard(Callback):
     """Errors on any synchronising CUDA call from the start of a non-logging training step to the next step's start

@@ -14,9 +14,10 @@ import contextlib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from jsonargparse import ArgumentError, Namespace
-from lightning.pytorch import LightningDataModule
+from lightning.pytorch import LightningDataModule, Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 import app.strategies  # noqa: F401  (registers the strategy names before the parser reads them)
@@ -35,6 +36,7 @@ from app.launch.preflight import preflight
 from app.launch.rendezvous import apply_timeout, rendezvous_errors_explained
 from app.loggers import TrackingConfigCallback, continue_run_of, prepare_loggers, write_to_run_dir
 from app.quiet import silence_known_noise
+from app.sync_batchnorm import with_sync_batchnorm
 from modules import ImageClassifier
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,6 +117,13 @@ class CLI(LightningCLI):
             self.trainer.strategy.checkpoint_io.weights_only = False
         if getattr(self, "_checkpoint", None) is not None:  # before the Trainer's load_state_dict error wall
             check_fits(self._checkpoint, config.ckpt_path, self.model, self.model.hparams.get("arch"))
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        # sync_batchnorm: the app's LayerSync, which also works on CPU (Lightning's converts to torch's SyncBatchNorm)
+        trainer = self.config_init[self.subcommand].trainer if self.subcommand else self.config_init.trainer
+        if trainer.get("sync_batchnorm"):
+            kwargs.setdefault("plugins", with_sync_batchnorm(trainer.get("plugins")))
+        return super().instantiate_trainer(**kwargs)
 
     def _run_subcommand(self, subcommand: str) -> None:
         with rendezvous_errors_explained(self.plan):  # a rendezvous timeout names the ranks the plan expected

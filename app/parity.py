@@ -10,7 +10,8 @@ reference then replays each global batch as the concatenation of the ranks' shar
 very ``DistributedSampler`` settings (seed, shuffle, per-rank batch) the job reported. Dropout is switched off in all
 runs (its random masks cannot match across a different split of the batch). With BatchNorm each rank normalises by
 its own shard's statistics, so the modes are also compared with ``ddp``, the expected behaviour, not only with the
-single device. The job also checks the collectives (``app.collectives``: send/recv, broadcast, scatter, ...) and the
+single device (with ``trainer.sync_batchnorm`` every rank normalises by the global batch: the single device is the
+reference again). The job also checks the collectives (``app.collectives``: send/recv, broadcast, scatter, ...) and the
 sampler's shards.
 
 Extra command-line arguments after ``--`` go to the config, e.g. ``-- --model.arch resnet18 --data.batch_size 8``.
@@ -56,6 +57,9 @@ def build(args: list[str], workdir: Path) -> tuple[Any, Any, Any]:
 def _trainer(config: Any, steps: int, **kwargs: Any) -> Any:
     from lightning.pytorch import Trainer
 
+    from app.sync_batchnorm import with_sync_batchnorm
+
+    plugins = kwargs.pop("plugins", [])  # a precision plugin given here replaces the config's precision
     settings = {
         "max_steps": steps,
         "max_epochs": -1,
@@ -64,7 +68,9 @@ def _trainer(config: Any, steps: int, **kwargs: Any) -> Any:
         "num_sanity_val_steps": 0,
         "accumulate_grad_batches": config.accumulate_grad_batches,
         "gradient_clip_val": config.gradient_clip_val,
-        **({} if "plugins" in kwargs else {"precision": config.precision}),
+        **({} if plugins else {"precision": config.precision}),
+        "sync_batchnorm": config.sync_batchnorm,
+        "plugins": with_sync_batchnorm(plugins) if config.sync_batchnorm else plugins or None,  # as app.cli does
         **_QUIET,
     }
     return Trainer(**settings, **kwargs)
@@ -96,7 +102,8 @@ def _scenario_extras(scenario: dict, device: str) -> dict[str, Any]:
 
 
 def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
-    return torch.cat([t.detach().float().cpu().reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
+    # float64: exact for every training dtype, so a 64-true scenario's differences are not rounded away
+    return torch.cat([t.detach().double().cpu().reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
 
 
 def _digest(tensors: list[torch.Tensor]) -> str:
@@ -157,7 +164,8 @@ def _run_scenario(scenario: dict, steps: int, nproc: int, workdir: Path, acceler
     overrides = ["--trainer.devices", str(nproc), "--trainer.strategy", "ddp"]
     model0, datamodule, config = build([*scenario["args"], *overrides], workdir)
     batchnorm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model0.modules())
-    out: dict[str, Any] = {"modes": {}, "batchnorm": batchnorm}
+    out: dict[str, Any] = {"modes": {}, "batchnorm": batchnorm, "sync_batchnorm": bool(config.sync_batchnorm)}
+    steps = scenario.get("steps", steps)
     initial = _flat(list(model0.parameters()))
     for mode in scenario["modes"]:
         model = copy.deepcopy(model0)
@@ -302,7 +310,8 @@ def _run_jobs(
         for name, out in job["scenarios"].items():
             worlds[name][n] = out["sampler"]
             results["scenarios"][name].setdefault("sampler", out["sampler"])
-            results["scenarios"][name].setdefault("batchnorm", out["batchnorm"])  # for the table's BatchNorm note
+            for key in ("batchnorm", "sync_batchnorm"):  # for the table's BatchNorm note
+                results["scenarios"][name].setdefault(key, out[key])
             for mode, facts in out["modes"].items():
                 results["scenarios"][name]["modes"][mode] = {**facts, "world": n}
     if len(failures) == len(planned):
@@ -317,7 +326,7 @@ def _compare_scenario(
 
     On 2+ GPUs the one-process modes (``dp``) join here: one process over the ``nproc`` GPUs, on the global batches.
     """
-    references = {}
+    references, steps = {}, scenario.get("steps", steps)
     if not scenario.get("fp16_scaler"):
         for n, sampler in samplers.items():
             references[n] = run_single(scenario, sampler, n, steps, workdir)
@@ -363,7 +372,12 @@ def table(results: dict) -> str:
                 f"{mode:<22}{'-' if vs_single is None else f'{vs_single:.3e}':>22}"
                 f"{'-' if vs_ddp is None else f'{vs_ddp:.3e}':>12}  {facts['ranks_identical']}{scale}"
             )
-        if out.get("batchnorm"):
+        if out.get("sync_batchnorm"):
+            lines.append(
+                "SyncBatchNorm: every rank normalises with the statistics of the whole global batch, as the single "
+                "device does, so 'vs single' is the column to read."
+            )
+        elif out.get("batchnorm"):
             lines.append(
                 "This network has BatchNorm: each rank normalises with its own shard's batch statistics, while the "
                 "single device sees the whole global batch, so 'vs single' is not 0 by design. Read 'vs ddp': every "

@@ -3,7 +3,8 @@
 The CI's parity job (``tests/distributed/test_parity.py``) with the same scenarios, written to
 ``results/parity.{json,md}``: 2 gloo processes on CPU, real MNIST, 8 images per rank, 6 SGD-with-momentum steps
 crossing an epoch boundary; per mode, the largest parameter difference against one device that sees each whole
-global batch (``app.parity``), and against ``ddp``.
+global batch (``app.parity``), and against ``ddp``; the default network (``mnist_fast``, BatchNorm) with and without
+``--trainer.sync_batchnorm true``, 5 steps.
 """
 
 from __future__ import annotations
@@ -16,10 +17,15 @@ from typing import Any
 
 from lightning.pytorch import Callback
 
-from app.strategies.layout import parity_modes
+from app.strategies.layout import REFERENCE, parity_modes
 from bench.common import RESULTS, machine, machine_line, write_json
 
 STEPS = 6  # optimizer steps per mode; with 3 batches per epoch the runs cross an epoch boundary
+SYNCBN_STEPS = 5  # the SyncBatchNorm scenarios (also across an epoch boundary)
+# The SyncBatchNorm comparison runs in float64: in fp32 this tiny-batch MNIST run amplifies last-bit differences
+# (a max-pool or ReLU choice between nearly equal values flips) to ~1e-3 in 5 steps, even between two single-device
+# runs whose BatchNorm differs only in memory layout; in float64 the algorithm itself is compared.
+FP64 = ["--trainer.precision", "64-true"]
 SGD = ["--model.optimizer", "SGD", "--model.optimizer.lr", "0.05", "--model.optimizer.momentum", "0.9"]
 # the registry's modes, by what their layouts claim (app.strategies.layout): exact vs one device in fp32, close (fp16
 # on the wire), and the fp16 GradScaler scenario
@@ -48,6 +54,7 @@ class HalveGradientsAfterBackward(Callback):
 def scenarios(data_dir: str) -> list[dict]:
     # mnist_cnn: no BatchNorm, so every mode must equal one device exactly (the default mnist_fast has BatchNorm)
     common = ["--data.data_dir", str(data_dir), "--data.batch_size", "8", "--model.arch", "mnist_cnn", *SGD]
+    fast = [*common, "--model.arch", "mnist_fast", "--trainer.limit_train_batches", "3"]
     return [
         {  # the MNIST example's network (no BatchNorm); plus the wire-compressed all-reduce
             "name": "plain",
@@ -63,6 +70,24 @@ def scenarios(data_dir: str) -> list[dict]:
             "name": "batchnorm",
             "args": [*common, "--model.arch", "resnet18", "--trainer.limit_train_batches", "3"],
             "modes": EXACT_MODES,
+        },
+        {  # SyncBatchNorm: the default network (BatchNorm) normalised by the global batch on every rank = one device
+            "name": "syncbn",
+            "args": [*fast, *FP64, "--trainer.sync_batchnorm", "true"],
+            "modes": EXACT_MODES,
+            "steps": SYNCBN_STEPS,
+        },
+        {  # the same run without it: each rank normalises by its own 8 images, so ddp drifts from one device
+            "name": "syncbn_off",
+            "args": [*fast, *FP64],
+            "modes": [REFERENCE],
+            "steps": SYNCBN_STEPS,
+        },
+        {  # SyncBatchNorm in fp32: rounding differences, amplified by this run (see FP64)
+            "name": "syncbn_fp32",
+            "args": [*fast, "--trainer.sync_batchnorm", "true"],
+            "modes": [REFERENCE],
+            "steps": SYNCBN_STEPS,
         },
         {  # gradients edited in on_after_backward: every mode must apply the edit (allreduce_overlap dropped it)
             "name": "grad_edits",
@@ -88,7 +113,8 @@ def markdown(results: dict[str, Any]) -> str:
             "# Parity: every mode against one device",
             "",
             f"Machine: {machine_line(results['machine'])}. Command: `python -m bench.parity` (the scenarios of "
-            f"`tests/distributed/test_parity.py`: 2 gloo processes, 8 MNIST images per rank, {STEPS} SGD steps).",
+            f"`tests/distributed/test_parity.py`: 2 gloo processes, 8 MNIST images per rank, {STEPS} SGD steps; "
+            f"the SyncBatchNorm scenarios {SYNCBN_STEPS}).",
             "",
             "```",
             table(results),

@@ -142,6 +142,24 @@ def batch_split_over_devices(plan: Plan) -> str | None:
     )
 
 
+def sync_batchnorm_in_one_process(plan: Plan) -> str | None:
+    if not plan.sync_batchnorm or not plan.layout.one_process:
+        return None
+    return (
+        f"trainer.sync_batchnorm with strategy {plan.strategy}: SyncBatchNorm synchronises BatchNorm between "
+        f"processes, but {plan.strategy} runs ONE process whose per-GPU replicas are threads (torch's SyncBatchNorm "
+        "does not support DataParallel), so each GPU would still normalise by its own slice of the batch. Fix: "
+        "--trainer.strategy ddp (one process per GPU) with --trainer.sync_batchnorm true, or drop "
+        "--trainer.sync_batchnorm."
+    )
+
+
+def sync_batchnorm_alone(plan: Plan) -> str | None:
+    if not plan.sync_batchnorm or plan.layout.one_process or plan.launched_world_size != 1:
+        return None
+    return "trainer.sync_batchnorm has no effect in a single process: BatchNorm already sees the whole batch."
+
+
 LAUNCH_CHECKS: list[Callable[[Plan], str | None]] = [
     slurm_tasks_cannot_be_told_apart,
     slurm_batch_script_itself,
@@ -151,8 +169,13 @@ LAUNCH_CHECKS: list[Callable[[Plan], str | None]] = [
     nodes_cannot_meet,
     global_batch_does_not_split,
     rendezvous_host_unresolved,
+    sync_batchnorm_in_one_process,
 ]
-LAUNCH_NOTES: list[Callable[[Plan], str | None]] = [fresh_job_resumes_hpc_checkpoint, batch_split_over_devices]
+LAUNCH_NOTES: list[Callable[[Plan], str | None]] = [
+    fresh_job_resumes_hpc_checkpoint,
+    batch_split_over_devices,
+    sync_batchnorm_alone,
+]
 
 
 def launch_problems(plan: Plan) -> list[str]:

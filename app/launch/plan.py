@@ -55,6 +55,7 @@ class Plan:
     accumulate: int = 1
     lr_reference_batch_size: int | None = None
     layout: Layout | None = None  # default: the registered strategy's layout on ``devices``
+    sync_batchnorm: bool = False
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 

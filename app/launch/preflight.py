@@ -54,6 +54,7 @@ def build(config: Any, launch: Launch | None = None, timeout: float | None = Non
         timeout=timeout,
         accumulate=int(trainer.get("accumulate_grad_batches") or 1),
         layout=layout_of(strategy, devices, nodes),
+        sync_batchnorm=bool(trainer.get("sync_batchnorm")),
     )
     plan.problems += launch_problems(plan) + config_problems(config)
     return plan

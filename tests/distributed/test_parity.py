@@ -1,10 +1,11 @@
 """Every mode trains the same model: 2 gloo processes vs one device that sees each whole global batch in rank order.
 
-After 6 SGD-with-momentum steps (crossing an epoch boundary), fp32, tolerance 1e-5.
+After 6 SGD-with-momentum steps (crossing an epoch boundary), fp32, tolerance 1e-5; with SyncBatchNorm, 5 steps.
 """
 
 import pytest
 
+from bench.parity import SYNCBN_STEPS
 from tests.distributed.conftest import AMP_MODES, EXACT_MODES, STEPS
 
 TOL = 1e-5
@@ -69,13 +70,42 @@ def test_fp16_overflow_skips_leave_the_same_weights_as_ddp(parity, mode):
     assert parity["scenarios"]["amp"]["modes"][mode]["max_diff_vs_ddp"] < TOL
 
 
+@pytest.mark.parametrize("mode", EXACT_MODES)
+def test_sync_batchnorm_matches_single_device(parity, mode):
+    """What SyncBatchNorm is for: the default BatchNorm network on 2 x 8 images trains as one device on 16 (float64,
+    see bench.parity.FP64), in ddp and in the modes without the DDP wrapper or split over stages."""
+    facts = parity["scenarios"]["syncbn"]["modes"][mode]
+    assert facts["steps"] == SYNCBN_STEPS and facts["ranks_identical"], facts
+    assert facts["max_diff_vs_single"] < TOL, f"{mode} with SyncBatchNorm drifted from single device: {facts}"
+
+
+def test_without_sync_batchnorm_the_same_run_does_not_match(parity):
+    plain = parity["scenarios"]["syncbn_off"]["modes"]["ddp"]
+    assert plain["steps"] == SYNCBN_STEPS and plain["max_diff_vs_single"] > 1000 * TOL, plain
+    assert parity["scenarios"]["syncbn"]["modes"]["ddp"]["moved"] > 1000 * TOL
+
+
+def test_sync_batchnorm_in_fp32_stays_close(parity):
+    """fp32 (the default precision): rounding differences grow in this run, but stay far below per-rank statistics."""
+    synced = parity["scenarios"]["syncbn_fp32"]["modes"]["ddp"]
+    assert synced["ranks_identical"]
+    assert synced["max_diff_vs_single"] * 10 < parity["scenarios"]["syncbn_off"]["modes"]["ddp"]["max_diff_vs_single"]
+
+
+def test_allreduce_with_sync_batchnorm_keeps_buffers_equal(parity):
+    for mode in ("allreduce", "allreduce_per_param", "allreduce_overlap"):
+        assert parity["scenarios"]["syncbn"]["modes"][mode]["buffers_identical"], mode
+
+
 def test_the_table_says_why_batchnorm_differs_from_single_device(parity):
     """The 'vs single' column of a BatchNorm network is not 0 by design; the printed table says so, and which column
-    to read, for that scenario only."""
+    to read, for those scenarios only; with SyncBatchNorm it says to read 'vs single'."""
     from app.parity import table
 
     assert parity["scenarios"]["batchnorm"]["batchnorm"] and not parity["scenarios"]["plain"]["batchnorm"]
     printed = table(parity)
-    assert printed.count("This network has BatchNorm") == 1
-    section = printed.split("[batchnorm]")[1]
-    assert "This network has BatchNorm" in section and "Read 'vs ddp'" in section
+    for name, out in parity["scenarios"].items():
+        section = printed.split(f"[{name}]")[1].split("\n[")[0]
+        per_rank = out["batchnorm"] and not out["sync_batchnorm"]
+        assert ("This network has BatchNorm" in section and "Read 'vs ddp'" in section) == per_rank, name
+        assert ("SyncBatchNorm" in section and "'vs single' is the column to read" in section) == out["sync_batchnorm"]

@@ -110,6 +110,11 @@ def test_output_folder_that_cannot_be_written_is_found_before_training(fit, tmp_
     assert f"{tmp_path / 'file'} is a file" in seen and "Fix: --trainer.default_root_dir" in seen
 
 
+def test_sync_batchnorm_with_dp_stops_with_the_reason_and_the_fix(fit):
+    code, seen = fit("--trainer.strategy", "dp", "--trainer.sync_batchnorm", "true")
+    assert code == 1 and "does not support DataParallel" in seen and "Fix: --trainer.strategy ddp" in seen
+
+
 def test_dp_under_a_multi_process_launcher_stops_every_rank(fit, monkeypatch):
     torchrun = {"TORCHELASTIC_RUN_ID": "x", "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
     for key, value in {**torchrun, "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():

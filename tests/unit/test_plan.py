@@ -124,3 +124,14 @@ def test_the_cli_stops_every_rank_before_the_trainer_exists(monkeypatch, tmp_pat
     assert stopped.value.code != 0 and "nothing was started" in str(stopped.value.code)
     assert "Fix: `--trainer.devices 4`" in str(stopped.value.code)
     assert not list(tmp_path.iterdir())
+
+
+def test_sync_batchnorm_is_refused_for_dp_and_a_note_for_one_process(config_of):
+    sync = ("--trainer.sync_batchnorm", "true")
+    (problem,) = problems(config_of("--trainer.strategy", "dp", "--trainer.devices", "2", *sync), {})
+    assert "torch's SyncBatchNorm does not support DataParallel" in problem and "--trainer.strategy ddp" in problem
+    single = build(config_of("--trainer.devices", "1", *sync), launch=detect({}))
+    assert single.problems == [] and any("sync_batchnorm has no effect in a single process" in n for n in single.notes)
+    for strategy in ("ddp", "allreduce", "ddp_mp"):  # synchronised between the processes: neither problem nor note
+        plan = build(config_of("--trainer.strategy", strategy, "--trainer.devices", "2", *sync), launch=detect({}))
+        assert plan.problems == [] and not any("sync_batchnorm" in n for n in plan.notes), strategy

@@ -142,6 +142,17 @@ def batch_split_over_devices(plan: Plan) -> str | None:
     )
 
 
+def deprecated_launcher(plan: Plan) -> str | None:
+    if not plan.launch.legacy_launch:
+        return None
+    each_node = " on each node, with its --node_rank" if (plan.launch.nodes or 1) > 1 else ""
+    return (
+        "python -m torch.distributed.launch is deprecated (PyTorch will remove it) but works here: --local-rank is "
+        "accepted, the ranks come from the LOCAL_RANK, RANK and WORLD_SIZE it sets. The same job with "
+        f"torchrun{each_node}: {plan.launch.legacy_launch}"
+    )
+
+
 LAUNCH_CHECKS: list[Callable[[Plan], str | None]] = [
     slurm_tasks_cannot_be_told_apart,
     slurm_batch_script_itself,
@@ -152,7 +163,11 @@ LAUNCH_CHECKS: list[Callable[[Plan], str | None]] = [
     global_batch_does_not_split,
     rendezvous_host_unresolved,
 ]
-LAUNCH_NOTES: list[Callable[[Plan], str | None]] = [fresh_job_resumes_hpc_checkpoint, batch_split_over_devices]
+LAUNCH_NOTES: list[Callable[[Plan], str | None]] = [
+    fresh_job_resumes_hpc_checkpoint,
+    batch_split_over_devices,
+    deprecated_launcher,
+]
 
 
 def launch_problems(plan: Plan) -> list[str]:

@@ -73,15 +73,17 @@ def explain_parser_error(message: str, options: Iterable[str], prog: str = "pyth
     if match := re.search(r"(Group|Subcommand) '([\w.]+)' does not accept option '([\w.]+)'", message):
         key = f"--{match.group(2)}.{match.group(3)}" if match.group(1) == "Group" else f"--{match.group(3)}"
         return f"unknown key {key[2:]} in a config file{did_you_mean(key, options).replace('--', '')}. {help_hint}"
-    key, given = re.match(r'Parser key "([\w.]+)":', message), re.search(r"Given value: (.*)", message)
+    # the last "Given value" is the outermost: a nested union (int | Literal) states its own first
+    key, given = re.match(r'Parser key "([\w.]+)":', message), re.findall(r"Given value: (.*)", message)
     if key and given:
-        name, value = key.group(1), given.group(1).strip()
+        name, value = key.group(1), given[-1].strip()
         if nested := re.match(r"NestedArg\(key='([\w.]+)', val=(.*)\)$", value):  # --data.batch_size x
             name, value = f"{name}.{nested.group(1)}", nested.group(2).strip("'")
         literals = [v for group in re.findall(r"Literal\[([^\]]*)\]", message) for v in re.findall(r"'([^']*)'", group)]
         if literals:
             valid = list(dict.fromkeys(literals))
-            return f"{name}={value!r} is not valid{did_you_mean(value, valid)}. Valid: {', '.join(valid)}."
+            number = " a number or" if "Subtypes: [<class 'int'>, typing.Literal" in message else ""  # int | Literal
+            return f"{name}={value!r} is not valid{did_you_mean(value, valid)}. Valid:{number} {', '.join(valid)}."
         errors = message.split("Errors:", 1)[-1].split("Given value type", 1)[0].splitlines()
         reasons = [line.strip(" -") for line in errors if line.strip() and "NoneType" not in line]
         reason = reasons[-1] if reasons else message.splitlines()[1].strip()

@@ -207,6 +207,12 @@ def config_problems(config: Any) -> list[str]:
                 f"data.{key}={value}: a batch is a positive number of images. Fix: e.g. --data.{key} "
                 f"{64 if key == 'batch_size' else 256}."
             )
+    workers = get(config, "data", "num_workers")
+    if isinstance(workers, int) and workers < 0:
+        problems.append(
+            f"data.num_workers={workers}: a count of loader processes. Fix: --data.num_workers 0 (load in the "
+            "training process), a positive count, or auto (this node's CPUs shared by its training processes)."
+        )
     devices = trainer.get("devices")
     if isinstance(devices, int) and (devices == 0 or devices < -1):
         problems.append(f"trainer.devices={devices}: give a positive count, a list of indices, or auto.")

@@ -87,8 +87,17 @@ def test_unknown_arch_suggests_the_closest_and_lists_all(fit):
             ["data.global_batch_size=100 does not split evenly over world size 3", "e.g. 99 or 102"],
         ),
         (["--trainer.accelerator", "gpuu"], ["trainer.accelerator 'gpuu' is unknown (did you mean gpu?)"]),
+        (["--data.num_workers", "-1"], ["data.num_workers=-1", "Fix: --data.num_workers 0", "or auto"]),
+        (["--data.num_workers", "x"], ["data.num_workers='x' is not valid. Valid: a number or auto."]),
     ],
-    ids=["batch-size-0", "batch-size-not-a-number", "global-batch-not-divisible", "accelerator-typo"],
+    ids=[
+        "batch-size-0",
+        "batch-size-not-a-number",
+        "global-batch-not-divisible",
+        "accelerator-typo",
+        "workers-negative",
+        "workers-not-a-number",
+    ],
 )
 def test_impossible_numbers_and_names(fit, args, expected):
     _, seen = fit(*args)

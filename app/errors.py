@@ -79,6 +79,8 @@ def explain_parser_error(message: str, options: Iterable[str], prog: str = "pyth
         name, value = key.group(1), given[-1].strip()
         if nested := re.match(r"NestedArg\(key='([\w.]+)', val=(.*)\)$", value):  # --data.batch_size x
             name, value = f"{name}.{nested.group(1)}", nested.group(2).strip("'")
+        if short := re.search(r"Expected a dot import path string: (\S+)", message):  # --trainer.strategy ddp + .X
+            return _options_of_a_name(key.group(1), short.group(1), name, value)
         literals = [v for group in re.findall(r"Literal\[([^\]]*)\]", message) for v in re.findall(r"'([^']*)'", group)]
         if literals:
             valid = list(dict.fromkeys(literals))
@@ -91,3 +93,20 @@ def explain_parser_error(message: str, options: Iterable[str], prog: str = "pyth
     if key and (option := re.search(r"Option '(\w+)' is not accepted", message)):
         return f"{key.group(1)} has no argument {option.group(1)!r}. See `{prog} fit --{key.group(1)}.help CLASS`."
     return message
+
+
+def _options_of_a_name(key: str, short: str, option: str, value: str) -> str:
+    """``--trainer.strategy ddp --trainer.strategy.process_group_backend gloo``: a registered name takes no options;
+    the class does (jsonargparse says only "Expected a dot import path string: ddp")."""
+    given = "CLASS"
+    if key == "trainer.strategy":
+        from lightning.pytorch.strategies import StrategyRegistry
+
+        entry = dict.get(StrategyRegistry, short.lower())  # the registry's own .get() instantiates the strategy
+        given = entry["strategy"].__name__ if entry else "DDPStrategy"
+        if entry and short.lower() != "ddp":  # ddp's one parameter (start_method popen) is DDPStrategy's default
+            given += "".join(f" --{key}.{name} {arg}" for name, arg in entry["init_params"].items())
+    return (
+        f"--{option} needs a class, but {key} is the name {short!r}, which takes no options. Fix: name the class, "
+        f"`--{key} {given} --{option} {value}`, or stack a config fragment (configs/strategy/*.yaml) and set it there."
+    )

@@ -189,6 +189,8 @@ def config_problems(config: Any) -> list[str]:
     if isinstance(strategy, str) and strategy.lower() not in names:
         hint = did_you_mean(strategy, names)
         names = [n for n in names if "find_unused" not in n and not re.search("deepspeed|fsdp|xla|tpu", n)]
+        if strategy.lower() == "horovod":  # Lightning 2.0 removed its HorovodStrategy; old tutorials still use it
+            hint = " (Lightning 2 has no Horovod; allreduce does what hvd.DistributedOptimizer did, see the README)"
         problems.append(
             f"trainer.strategy {strategy!r} is not a registered strategy{hint}. Fix: one of {', '.join(names)} "
             "(or a Strategy class_path; the app's modes are in the README)."
@@ -294,6 +296,31 @@ def fp16_needs_a_gpu(m: Machine) -> str | None:
     )
 
 
+def backend_unavailable(m: Machine) -> str | None:
+    import torch
+    import torch.distributed as dist
+
+    from app.errors import did_you_mean
+
+    backend = get(m.config, "trainer", "strategy", "process_group_backend")
+    if backend is None:
+        return None
+    name, known = str(backend).lower(), dist.Backend.backend_list
+    fix = "Fix: --trainer.strategy.process_group_backend gloo on CPUs or nccl on GPUs (or unset: Lightning picks them)"
+    if name == "nccl" and not m.on_gpu:  # Lightning would fail in the first collective with a traceback
+        return f"process_group_backend nccl needs CUDA GPUs, and this run is on the CPU. {fix}."
+    if name not in known:
+        return f"process_group_backend {name!r} is not a torch.distributed backend{did_you_mean(name, known)}. {fix}."
+    if dist.is_available() and dist.is_backend_available(name):
+        return None
+    # MPI (Horovod's usual transport) is in no PyTorch wheel: it needs a build from source on a host with MPI
+    built = "from source on a host with MPI" if name == "mpi" else f"with {name}"
+    return (
+        f"process_group_backend {name}: this PyTorch ({torch.__version__}) was built without it. {fix}, "
+        f"or a PyTorch built {built}."
+    )
+
+
 def idle_gpus(m: Machine) -> str | None:
     k = m.per_process
     if not m.on_gpu or k == 1 or too_few_gpus_for_the_processes(m) or m.have % k == 0:
@@ -306,6 +333,7 @@ MACHINE_CHECKS: list[Callable[[Machine], str | None]] = [
     too_few_gpus_for_the_processes,
     compile_refused,
     fp16_needs_a_gpu,
+    backend_unavailable,
 ]
 MACHINE_NOTES: list[Callable[[Machine], str | None]] = [idle_gpus]
 

@@ -313,7 +313,7 @@ def backend_unavailable(m: Machine) -> str | None:
         return f"process_group_backend {name!r} is not a torch.distributed backend{did_you_mean(name, known)}. {fix}."
     if dist.is_available() and dist.is_backend_available(name):
         return None
-    # MPI (Horovod's usual transport) is in no PyTorch wheel: it needs a build from source on a host with MPI
+    # MPI (Horovod's usual transport) is in none of the official PyTorch wheels: it needs a build from source
     built = "from source on a host with MPI" if name == "mpi" else f"with {name}"
     return (
         f"process_group_backend {name}: this PyTorch ({torch.__version__}) was built without it. {fix}, "

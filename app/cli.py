@@ -2,7 +2,8 @@
 
 It wires, it does not compute: importing it registers the strategy names (``app.strategies``); ``--ckpt_path``
 checks and ``last`` are :mod:`app.checkpoint`'s, logger folders and run identity :mod:`app.loggers`', the plan
-:mod:`app.launch.preflight`'s, a user mistake (any :class:`~app.errors.UserError`) one ``error:`` line.
+:mod:`app.launch.preflight`'s, a user mistake (any :class:`~app.errors.UserError`) one ``error:`` line. The
+``--local-rank`` that ``python -m torch.distributed.launch`` adds is taken out of the arguments here.
 
 Run layout: ``<trainer.default_root_dir>/version_N/`` holds the TensorBoard events, ``config.yaml`` (the resolved
 config) and ``checkpoints/`` (``last.ckpt`` plus the best by ``val/acc1``).
@@ -11,6 +12,7 @@ config) and ``checkpoints/`` (``last.ckpt`` plus the best by ``val/acc1``).
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +34,7 @@ from app.checkpoint import (
     saved_hparams,
 )
 from app.errors import UsageError, UserError, explain_parser_error, one_line, parser_options
+from app.launch.env import split_local_rank
 from app.launch.preflight import preflight
 from app.launch.rendezvous import apply_timeout, rendezvous_errors_explained
 from app.loggers import TrackingConfigCallback, continue_run_of, prepare_loggers, write_to_run_dir
@@ -141,6 +144,7 @@ def main(args: list[str] | None = None, run: bool = True, cli_class: type[CLI] |
     # CLI.parse_arguments (exit_on_error=False) and user errors become one line; with run=False (tests, tools) the
     # caller gets the parser's own exit and the exceptions themselves.
     silence_known_noise()
+    args = accept_local_rank(sys.argv[1:] if args is None else args)
     strict = {"allow_abbrev": False, "exit_on_error": not run}
     defaults = {"default_config_files": [str(DEFAULT_CONFIG)], **strict}
     with user_errors_explained() if run else contextlib.nullcontext():
@@ -155,6 +159,15 @@ def main(args: list[str] | None = None, run: bool = True, cli_class: type[CLI] |
             args=args,
             run=run,
         )
+
+
+def accept_local_rank(args: list[str]) -> list[str]:
+    """``args`` without the ``--local-rank=K`` of ``python -m torch.distributed.launch`` (which LightningCLI would
+    reject), with ``LOCAL_RANK`` set from K when the launcher did not set it: Lightning reads the rank from there."""
+    args, local_rank = split_local_rank(args)
+    if local_rank is not None:
+        os.environ.setdefault("LOCAL_RANK", local_rank)
+    return args
 
 
 @contextlib.contextmanager

@@ -73,15 +73,19 @@ def explain_parser_error(message: str, options: Iterable[str], prog: str = "pyth
     if match := re.search(r"(Group|Subcommand) '([\w.]+)' does not accept option '([\w.]+)'", message):
         key = f"--{match.group(2)}.{match.group(3)}" if match.group(1) == "Group" else f"--{match.group(3)}"
         return f"unknown key {key[2:]} in a config file{did_you_mean(key, options).replace('--', '')}. {help_hint}"
-    key, given = re.match(r'Parser key "([\w.]+)":', message), re.search(r"Given value: (.*)", message)
+    # the last "Given value" is the outermost: a nested union (int | Literal) states its own first
+    key, given = re.match(r'Parser key "([\w.]+)":', message), re.findall(r"Given value: (.*)", message)
     if key and given:
-        name, value = key.group(1), given.group(1).strip()
+        name, value = key.group(1), given[-1].strip()
         if nested := re.match(r"NestedArg\(key='([\w.]+)', val=(.*)\)$", value):  # --data.batch_size x
             name, value = f"{name}.{nested.group(1)}", nested.group(2).strip("'")
+        if short := re.search(r"Expected a dot import path string: (\S+)", message):  # --trainer.strategy ddp + .X
+            return _options_of_a_name(key.group(1), short.group(1), name, value)
         literals = [v for group in re.findall(r"Literal\[([^\]]*)\]", message) for v in re.findall(r"'([^']*)'", group)]
         if literals:
             valid = list(dict.fromkeys(literals))
-            return f"{name}={value!r} is not valid{did_you_mean(value, valid)}. Valid: {', '.join(valid)}."
+            number = " a number or" if "Subtypes: [<class 'int'>, typing.Literal" in message else ""  # int | Literal
+            return f"{name}={value!r} is not valid{did_you_mean(value, valid)}. Valid:{number} {', '.join(valid)}."
         errors = message.split("Errors:", 1)[-1].split("Given value type", 1)[0].splitlines()
         reasons = [line.strip(" -") for line in errors if line.strip() and "NoneType" not in line]
         reason = reasons[-1] if reasons else message.splitlines()[1].strip()
@@ -89,3 +93,20 @@ def explain_parser_error(message: str, options: Iterable[str], prog: str = "pyth
     if key and (option := re.search(r"Option '(\w+)' is not accepted", message)):
         return f"{key.group(1)} has no argument {option.group(1)!r}. See `{prog} fit --{key.group(1)}.help CLASS`."
     return message
+
+
+def _options_of_a_name(key: str, short: str, option: str, value: str) -> str:
+    """``--trainer.strategy ddp --trainer.strategy.process_group_backend gloo``: a registered name takes no options;
+    the class does (jsonargparse says only "Expected a dot import path string: ddp")."""
+    given = "CLASS"
+    if key == "trainer.strategy":
+        from lightning.pytorch.strategies import StrategyRegistry
+
+        entry = dict.get(StrategyRegistry, short.lower())  # the registry's own .get() instantiates the strategy
+        given = entry["strategy"].__name__ if entry else "DDPStrategy"
+        if entry and short.lower() != "ddp":  # ddp's one parameter (start_method popen) is DDPStrategy's default
+            given += "".join(f" --{key}.{name} {arg}" for name, arg in entry["init_params"].items())
+    return (
+        f"--{option} needs a class, but {key} is the name {short!r}, which takes no options. Fix: name the class, "
+        f"`--{key} {given} --{option} {value}`, or stack a config fragment (configs/strategy/*.yaml) and set it there."
+    )

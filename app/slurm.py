@@ -63,6 +63,11 @@ def build_job(ns: argparse.Namespace, command: list[str]) -> Job:
     job.run_dir = str(Path(config.trainer.get("default_root_dir") or ".").resolve())
     job.chdir = str(Path.cwd())
     workers = config.data.get("init_args", config.data).get("num_workers") or 0
+    if workers == "auto" and not ns.cpus_per_task:
+        sys.exit(
+            "error: data.num_workers auto takes the CPUs SLURM gives each task, so say how many: --cpus-per-task C "
+            "(C - 1 loader workers per process), or give --data.num_workers N."
+        )
     job.cpus_per_task = ns.cpus_per_task or workers + 1  # the DataLoader workers plus the training process
     job.job_name = ns.job_name or f"dptrain-{Path(job.run_dir).name}"
     job.time, job.partition, job.account = ns.time, ns.partition, ns.account

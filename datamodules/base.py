@@ -16,13 +16,17 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
+
+from app.launch.env import Launch, detect
+
+Workers = int | Literal["auto"]  # --data.num_workers 4, or auto (see auto_workers)
 
 
 @dataclass(frozen=True)
@@ -88,17 +92,41 @@ def available_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def node_cpus(processes_per_node: int, launch: Launch | None = None) -> int:
+    """CPUs the training processes of this node share.
+
+    torchrun and Lightning's own launcher start every process with the same affinity mask: that mask. SLURM with
+    ``--cpus-per-task`` may bind each task to its own CPUs (task/affinity), so one task's mask is not the node's
+    share: there it is ``--cpus-per-task`` x tasks (``launch``: default :func:`app.launch.env.detect`).
+    """
+    launch = launch or detect()
+    if launch.launcher == "slurm" and launch.cpus_per_task:
+        return launch.cpus_per_task * processes_per_node
+    return available_cpus()
+
+
+def auto_workers(processes_per_node: int, cpus: int) -> int:
+    """``--data.num_workers auto``: DataLoader workers per training process, ``cpus // processes_per_node - 1``.
+
+    The rule of the classic ImageNet example, which divided the workers of a node by its processes
+    (``workers // ngpus_per_node``), with the CPUs this job may use on the node (:func:`node_cpus`) and one CPU per
+    process kept for the training loop itself (it collates, copies to the device and launches the kernels; a worker
+    competing for its CPU stalls every step). 0 (load in the main process) when no CPU is left over.
+    """
+    return max(cpus // max(processes_per_node, 1) - 1, 0)
+
+
 def workers_warning(num_workers: int, processes_per_node: int, cpus: int | None = None) -> str | None:
     """A warning when the DataLoader workers of all processes on this node outnumber its CPUs, else None."""
     cpus = cpus or available_cpus()
     total = num_workers * processes_per_node
     if total <= cpus:
         return None
-    fit = max(cpus // max(processes_per_node, 1) - 1, 0)
+    fit = auto_workers(processes_per_node, cpus)
     return (
         f"data.num_workers {num_workers} x {processes_per_node} process(es) on this node = {total} loader workers "
         f"for {cpus} CPUs: the workers compete for CPUs and the input pipeline slows down. "
-        f"Use --data.num_workers {fit} or fewer (one CPU per process stays for the training loop)."
+        f"Use --data.num_workers {fit} or fewer, or auto (one CPU per process stays for the training loop)."
     )
 
 
@@ -112,21 +140,25 @@ class ImageDataModule(LightningDataModule):
         batch_size: images per device and step (under ``dp``: per process, split across its GPUs).
         global_batch_size: if given, images per optimizer step over all processes; the per-device batch is derived
             from it in ``setup()`` and ``batch_size`` is ignored.
-        num_workers: DataLoader worker processes per training process.
+        num_workers: DataLoader worker processes per training process, or ``"auto"``: the node's CPUs divided by
+            its training processes, less one each (:func:`auto_workers`), resolved in ``setup()`` and logged.
     """
 
-    def __init__(self, batch_size: int, global_batch_size: int | None = None, num_workers: int = 0) -> None:
+    def __init__(self, batch_size: int, global_batch_size: int | None = None, num_workers: Workers = 0) -> None:
         super().__init__()
         if batch_size <= 0:
             raise ValueError(f"data.batch_size must be a positive number of images per device, got {batch_size}")
         if global_batch_size is not None and global_batch_size <= 0:
             raise ValueError(f"data.global_batch_size must be a positive number of images, got {global_batch_size}")
-        if num_workers < 0:
-            raise ValueError(f"data.num_workers must be 0 (load in the main process) or more, got {num_workers}")
+        if num_workers != "auto" and not (isinstance(num_workers, int) and num_workers >= 0):
+            raise ValueError(
+                f"data.num_workers must be 0 (load in the main process), more, or auto; got {num_workers!r}"
+            )
         self.batch_size = batch_size
         self._batch_size_arg = batch_size
         self.requested_global_batch_size = global_batch_size
-        self.num_workers = num_workers
+        self.requested_num_workers = num_workers
+        self.num_workers = num_workers  # an int once setup() has resolved "auto"
         self.batch_plan: BatchPlan | None = None
 
     @property
@@ -136,6 +168,16 @@ class ImageDataModule(LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         trainer = self.trainer
+        # this node's training processes: LOCAL_WORLD_SIZE (torchrun), SLURM's tasks per node, or trainer.devices
+        # (Lightning's own launcher), which the preflight checked agree; 1 under dp
+        processes = max(trainer.world_size // max(trainer.num_nodes, 1), 1) if trainer is not None else 1
+        cpus = node_cpus(processes)
+        if self.requested_num_workers == "auto":
+            self.num_workers = auto_workers(processes, cpus)
+            rank_zero_info(
+                f"data.num_workers auto: {self.num_workers} loader worker(s) per process ({cpus} CPUs on this node "
+                f"// {processes} training process(es), minus 1 each for the training loop)"
+            )
         if trainer is None:
             return
         self.batch_plan = resolve_batch(
@@ -148,7 +190,7 @@ class ImageDataModule(LightningDataModule):
         self.batch_size = self.batch_plan.per_device
         if self.requested_global_batch_size is not None:
             rank_zero_info(f"data.global_batch_size {self.requested_global_batch_size}: {self.batch_plan.describe()}")
-        warning = workers_warning(self.num_workers, max(trainer.world_size // max(trainer.num_nodes, 1), 1))
+        warning = workers_warning(self.num_workers, processes, cpus)
         if warning:
             rank_zero_warn(warning)
 

@@ -29,7 +29,7 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms import v2
 
 from app.errors import UserError
-from datamodules.base import ImageDataModule
+from datamodules.base import ImageDataModule, Workers
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -158,7 +158,8 @@ class ImageNetDataModule(ImageDataModule):
         batch_size: images per device and step (under ``dp``: per process, split across its GPUs).
         global_batch_size: if given, images per optimizer step over all processes; the per-device batch is derived
             from it and the world size (``batch_size`` is then ignored).
-        num_workers: DataLoader workers per process. The whole node's workers (x processes per node) should not
+        num_workers: DataLoader workers per process, or ``auto`` (the node's CPUs // its training processes - 1,
+            see :func:`datamodules.base.auto_workers`). The whole node's workers (x processes per node) should not
             exceed its CPUs; a warning says when they do.
         image_size: training crop and evaluation center crop (224 classic); evaluation resizes to image_size / 0.875.
         normalize_on_device: workers produce uint8 tensors; float conversion and normalisation happen on the device.
@@ -177,7 +178,7 @@ class ImageNetDataModule(ImageDataModule):
         data_dir: str = "data/imagenet",
         batch_size: int = 32,
         global_batch_size: int | None = None,
-        num_workers: int = 8,
+        num_workers: Workers = 8,
         image_size: int = 224,
         normalize_on_device: bool = False,
         skip_unreadable: bool = False,

@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset, random_split
 
 from app.errors import UserError
-from datamodules.base import ImageDataModule
+from datamodules.base import ImageDataModule, Workers
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,8 @@ class MNISTDataModule(ImageDataModule):
         global_batch_size: if given, samples per optimizer step over all processes; the per-device batch is derived
             from it in ``setup()`` (see :mod:`datamodules.base`) and ``batch_size`` is ignored.
         val_size: how many of the 60k training images are held out for validation.
-        num_workers: DataLoader workers per process. The whole set sits in memory, so 0 is usually fastest.
+        num_workers: DataLoader workers per process, or ``auto`` (see :func:`datamodules.base.auto_workers`). The
+            whole set sits in memory, so 0 is usually fastest.
         seed: seed of the train/val split (independent of the training seed).
         download: fetch the files when they are missing.
     """
@@ -159,7 +160,7 @@ class MNISTDataModule(ImageDataModule):
         data_dir: str = "data",
         batch_size: int = 128,
         val_size: int = 5000,
-        num_workers: int = 0,
+        num_workers: Workers = 0,
         seed: int = 42,
         download: bool = True,
         global_batch_size: int | None = None,
@@ -170,7 +171,6 @@ class MNISTDataModule(ImageDataModule):
         self.save_hyperparameters()
         self.data_dir = Path(data_dir)
         self.batch_size = batch_size
-        self.num_workers = num_workers
 
     def prepare_data(self) -> None:
         if self.hparams.download:

@@ -160,6 +160,17 @@ def sync_batchnorm_alone(plan: Plan) -> str | None:
     return "trainer.sync_batchnorm has no effect in a single process: BatchNorm already sees the whole batch."
 
 
+def deprecated_launcher(plan: Plan) -> str | None:
+    if not plan.launch.legacy_launch:
+        return None
+    each_node = " on each node, with its --node_rank" if (plan.launch.nodes or 1) > 1 else ""
+    return (
+        "python -m torch.distributed.launch is deprecated (PyTorch will remove it) but works here: --local-rank is "
+        "accepted, the ranks come from the LOCAL_RANK, RANK and WORLD_SIZE it sets. The same job with "
+        f"torchrun{each_node}: {plan.launch.legacy_launch}"
+    )
+
+
 LAUNCH_CHECKS: list[Callable[[Plan], str | None]] = [
     slurm_tasks_cannot_be_told_apart,
     slurm_batch_script_itself,
@@ -175,6 +186,7 @@ LAUNCH_NOTES: list[Callable[[Plan], str | None]] = [
     fresh_job_resumes_hpc_checkpoint,
     batch_split_over_devices,
     sync_batchnorm_alone,
+    deprecated_launcher,
 ]
 
 
@@ -197,6 +209,8 @@ def config_problems(config: Any) -> list[str]:
     if isinstance(strategy, str) and strategy.lower() not in names:
         hint = did_you_mean(strategy, names)
         names = [n for n in names if "find_unused" not in n and not re.search("deepspeed|fsdp|xla|tpu", n)]
+        if strategy.lower() == "horovod":  # Lightning 2.0 removed its HorovodStrategy; old tutorials still use it
+            hint = " (Lightning 2 has no Horovod; allreduce does what hvd.DistributedOptimizer did, see the README)"
         problems.append(
             f"trainer.strategy {strategy!r} is not a registered strategy{hint}. Fix: one of {', '.join(names)} "
             "(or a Strategy class_path; the app's modes are in the README)."
@@ -215,6 +229,12 @@ def config_problems(config: Any) -> list[str]:
                 f"data.{key}={value}: a batch is a positive number of images. Fix: e.g. --data.{key} "
                 f"{64 if key == 'batch_size' else 256}."
             )
+    workers = get(config, "data", "num_workers")
+    if isinstance(workers, int) and workers < 0:
+        problems.append(
+            f"data.num_workers={workers}: a count of loader processes. Fix: --data.num_workers 0 (load in the "
+            "training process), a positive count, or auto (this node's CPUs shared by its training processes)."
+        )
     devices = trainer.get("devices")
     if isinstance(devices, int) and (devices == 0 or devices < -1):
         problems.append(f"trainer.devices={devices}: give a positive count, a list of indices, or auto.")
@@ -296,6 +316,31 @@ def fp16_needs_a_gpu(m: Machine) -> str | None:
     )
 
 
+def backend_unavailable(m: Machine) -> str | None:
+    import torch
+    import torch.distributed as dist
+
+    from app.errors import did_you_mean
+
+    backend = get(m.config, "trainer", "strategy", "process_group_backend")
+    if backend is None:
+        return None
+    name, known = str(backend).lower(), dist.Backend.backend_list
+    fix = "Fix: --trainer.strategy.process_group_backend gloo on CPUs or nccl on GPUs (or unset: Lightning picks them)"
+    if name == "nccl" and not m.on_gpu:  # Lightning would fail in the first collective with a traceback
+        return f"process_group_backend nccl needs CUDA GPUs, and this run is on the CPU. {fix}."
+    if name not in known:
+        return f"process_group_backend {name!r} is not a torch.distributed backend{did_you_mean(name, known)}. {fix}."
+    if dist.is_available() and dist.is_backend_available(name):
+        return None
+    # MPI (Horovod's usual transport) is in none of the official PyTorch wheels: it needs a build from source
+    built = "from source on a host with MPI" if name == "mpi" else f"with {name}"
+    return (
+        f"process_group_backend {name}: this PyTorch ({torch.__version__}) was built without it. {fix}, "
+        f"or a PyTorch built {built}."
+    )
+
+
 def idle_gpus(m: Machine) -> str | None:
     k = m.per_process
     if not m.on_gpu or k == 1 or too_few_gpus_for_the_processes(m) or m.have % k == 0:
@@ -308,6 +353,7 @@ MACHINE_CHECKS: list[Callable[[Machine], str | None]] = [
     too_few_gpus_for_the_processes,
     compile_refused,
     fp16_needs_a_gpu,
+    backend_unavailable,
 ]
 MACHINE_NOTES: list[Callable[[Machine], str | None]] = [idle_gpus]
 

@@ -1,5 +1,9 @@
 """Which launcher started this process, and the layout it promises: one helper reads torchrun's and SLURM's variables.
 
+``python -m torch.distributed.launch`` (deprecated, in every old tutorial) runs torchrun's agent, sets the same
+variables and adds ``--local-rank=K`` to the script's arguments: :func:`split_local_rank` takes the flag out before
+the command line is parsed, and :func:`detect` reports such a job as torchrun with the equivalent torchrun command.
+
 Lightning's cluster environments (``SLURMEnvironment``, ``TorchElasticEnvironment``) read the same variables later,
 when the Trainer is built; this module reads them earlier, without side effects, so the preflight plan can compare
 them with the config before any process group exists.
@@ -9,10 +13,15 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import socket
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
+# what torch.distributed.launch passes (torch >= 2.0: --local-rank=K; before: --local_rank=K); also "--local_rank K"
+LOCAL_RANK_FLAG = re.compile(r"--local[-_]rank(?:=(\d+))?$")
 LAUNCHER_NAMES = {"none": "none (Lightning starts the local processes)", "torchrun": "torchrun", "slurm": "SLURM"}
 
 
@@ -29,6 +38,9 @@ class Launch:
         rank: this process's global rank.
         node_rank: this process's node index.
         hosts: node host names in node order (SLURM), or just this host.
+        cpus_per_task: CPUs SLURM gave each task (``--cpus-per-task``), None when it does not say.
+        legacy_launch: set when the deprecated ``python -m torch.distributed.launch`` started this job (``launcher``
+            is then ``"torchrun"``: the same agent and variables): the same job as a torchrun command.
         env: the variables the layout was read from (for messages).
     """
 
@@ -43,6 +55,8 @@ class Launch:
     in_batch_step: bool = False
     job_id: str | None = None
     restart_count: int = 0
+    cpus_per_task: int | None = None
+    legacy_launch: str | None = None
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @property
@@ -72,11 +86,66 @@ def expand_nodelist(nodelist: str) -> list[str]:
     return hosts
 
 
-def detect(environ: Mapping[str, str] | None = None) -> Launch:
+def split_local_rank(args: Sequence[str]) -> tuple[list[str], str | None]:
+    """``args`` without torch.distributed.launch's ``--local-rank=K`` (or ``--local_rank=K``, ``--local_rank K``),
+    and K (None when the flag is absent)."""
+    kept, rank, rest = [], None, iter(args)
+    for arg in rest:
+        match = LOCAL_RANK_FLAG.match(arg)
+        if match is None:
+            kept.append(arg)
+        else:
+            rank = match.group(1) or next(rest, None)
+    return kept, rank
+
+
+def parent_command() -> list[str]:
+    """The command line of the process that started this one (Linux ``/proc``; empty elsewhere).
+
+    torchrun's agent, and so torch.distributed.launch, starts the workers itself: for them this is the launch command.
+    """
+    try:
+        raw = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def legacy_launch(env: Mapping[str, str], argv: Sequence[str], parent: Sequence[str]) -> str | None:
+    """The torchrun command equivalent to the torch.distributed.launch command that started this worker, or None.
+
+    Recognised by the ``--local-rank`` flag in ``argv`` or, with ``--use-env`` (no flag), by the parent's command
+    line: both launchers set exactly the same variables. The equivalent is the parent's command with ``torchrun`` in
+    place of ``python -m torch.distributed.launch`` and without ``--use-env`` (torchrun's behaviour); without the
+    parent's command it is rebuilt from the variables.
+    """
+    flag = any(LOCAL_RANK_FLAG.match(arg) for arg in argv)
+    if "torch.distributed.launch" in parent:
+        options = parent[parent.index("torch.distributed.launch") + 1 :]
+        return shlex.join(["torchrun", *(o for o in options if o not in ("--use-env", "--use_env"))])
+    if not flag:
+        return None
+    script, _ = split_local_rank(argv)
+    layout = {
+        "--nnodes": env.get("GROUP_WORLD_SIZE", "1"),
+        "--nproc_per_node": env.get("LOCAL_WORLD_SIZE", "1"),
+        "--node_rank": env.get("GROUP_RANK", "0"),
+        "--master_addr": env.get("MASTER_ADDR"),
+        "--master_port": env.get("MASTER_PORT"),
+    }
+    options = [f"{key}={value}" for key, value in layout.items() if value is not None]
+    return shlex.join(["torchrun", *options, *script])
+
+
+def detect(
+    environ: Mapping[str, str] | None = None, argv: Sequence[str] | None = None, parent: Sequence[str] | None = None
+) -> Launch:
     """Reads the launcher's variables from ``environ`` (default ``os.environ``).
 
     SLURM is detected the way Lightning's ``SLURMEnvironment.detect`` does it (``SLURM_NTASKS`` set and the job not
-    named ``bash``/``interactive``), torchrun by ``TORCHELASTIC_RUN_ID`` (as ``dist.is_torchelastic_launched`` does).
+    named ``bash``/``interactive``), torchrun by ``TORCHELASTIC_RUN_ID`` (as ``dist.is_torchelastic_launched`` does),
+    torch.distributed.launch as torchrun plus :func:`legacy_launch` (``argv``: default ``sys.argv``; ``parent``:
+    default :func:`parent_command`).
     """
     env = dict(os.environ if environ is None else environ)
     if "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive"):
@@ -97,6 +166,7 @@ def detect(environ: Mapping[str, str] | None = None) -> Launch:
             in_batch_step="SLURM_STEP_ID" not in env,
             job_id=env.get("SLURM_ARRAY_JOB_ID") or env.get("SLURM_JOB_ID"),
             restart_count=_int(env.get("SLURM_RESTART_COUNT")) or 0,
+            cpus_per_task=_int(env.get("SLURM_CPUS_PER_TASK")),
             env=env,
         )
     if "TORCHELASTIC_RUN_ID" in env:
@@ -111,6 +181,9 @@ def detect(environ: Mapping[str, str] | None = None) -> Launch:
             rank=_int(env.get("RANK")) or 0,
             node_rank=_int(env.get("GROUP_RANK")) or 0,
             hosts=(socket.gethostname(),),
+            legacy_launch=legacy_launch(
+                env, sys.argv if argv is None else argv, parent_command() if parent is None else parent
+            ),
             env=env,
         )
     # plain `python cli.py` on each node (Lightning's own launcher): NODE_RANK says which node this is

@@ -1,5 +1,6 @@
 """Launch paths without a cluster: ``torchrun ... cli.py fit`` (2 processes, gloo; and 2 nodes of 1 process each on
-this machine), and a node that never arrives."""
+this machine), the deprecated ``python -m torch.distributed.launch`` (with and without ``--use-env``), and a node that
+never arrives."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 import pytest
 import torch
 
+from datamodules.base import auto_workers, available_cpus
 from tests.conftest import ROOT, free_port, port_taken
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -25,8 +27,8 @@ def fit_args(mnist_dir, root, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def torchrun(*args: str) -> subprocess.Popen:
-    command = [sys.executable, "-m", "torch.distributed.run", *args]
+def torchrun(*args: str, module: str = "torch.distributed.run") -> subprocess.Popen:
+    command = [sys.executable, "-m", module, *args]
     return subprocess.Popen(command, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
@@ -45,6 +47,51 @@ def test_torchrun_two_process_fit(mnist_dir, tmp_path):
     assert "1 node(s) x 2 process(es) = world size 2" in log
     assert "GLOBAL_RANK: 0, MEMBER: 1/2" in log and "GLOBAL_RANK: 1, MEMBER: 2/2" in log
     one_run_folder_at_step(tmp_path, 10)
+
+
+def legacy_launch(nproc: int, *args: str) -> tuple[subprocess.Popen, str, int]:
+    """``python -m torch.distributed.launch --nproc_per_node N --master_port P ARGS``: its job, output and port."""
+    for _attempt in range(3):  # as below: retried if another process took the port before the job bound it
+        port = free_port()
+        job = torchrun(
+            "--nproc_per_node", str(nproc), "--master_port", str(port), *args, module="torch.distributed.launch"
+        )
+        log, _ = job.communicate(timeout=600)
+        if not port_taken(log):
+            break
+    return job, log, port
+
+
+def workers_line(processes: int) -> str:
+    cpus = available_cpus()
+    return (
+        f"data.num_workers auto: {auto_workers(processes, cpus)} loader worker(s) per process ({cpus} CPUs on this node"
+    )
+
+
+def test_deprecated_torch_distributed_launch_trains_and_names_torchrun(mnist_dir, tmp_path):
+    # it passes --local-rank=K to cli.py, which LightningCLI alone rejects
+    args = fit_args(mnist_dir, tmp_path, "--trainer.devices", "2", "--trainer.strategy", "ddp")
+    job, log, port = legacy_launch(2, *args, "--trainer.max_steps", "3", "--data.num_workers", "auto")
+    assert job.returncode == 0, log[-4000:]
+    assert "launcher     torchrun (started by python -m torch.distributed.launch, deprecated)" in log, log[-4000:]
+    assert "1 node(s) x 2 process(es) = world size 2" in log
+    assert "GLOBAL_RANK: 0, MEMBER: 1/2" in log and "GLOBAL_RANK: 1, MEMBER: 2/2" in log
+    assert "note: python -m torch.distributed.launch is deprecated" in log
+    same_job = f"torchrun --nproc_per_node 2 --master_port {port} {ROOT / 'cli.py'} fit --trainer.accelerator cpu"
+    assert f"The same job with torchrun: {same_job}" in log
+    assert f"{workers_line(2)} // 2 training process(es)" in log  # the node's CPUs shared by the launcher's 2
+    one_run_folder_at_step(tmp_path, 3)
+
+
+def test_deprecated_launch_with_use_env_is_recognised_too(mnist_dir, tmp_path):
+    # --use-env: no --local-rank flag, the same variables as torchrun; the launcher's command line tells
+    args = fit_args(mnist_dir, tmp_path, "--trainer.max_steps", "1", "--data.num_workers", "auto")
+    job, log, port = legacy_launch(1, "--use-env", *args)
+    assert job.returncode == 0, log[-4000:]
+    assert f"{workers_line(1)} // 1 training process(es)" in log
+    assert f"The same job with torchrun: torchrun --nproc_per_node 1 --master_port {port} {ROOT / 'cli.py'}" in log
+    one_run_folder_at_step(tmp_path, 1)
 
 
 def test_torchrun_two_nodes_one_process_each(mnist_dir, tmp_path):

@@ -157,3 +157,18 @@ def test_gpu_request_without_gpus_is_one_line_not_a_lightning_traceback(tmp_path
     assert "Fix: " in done.stderr and "--trainer.accelerator cpu" in done.stderr
     assert "Traceback" not in done.stderr and "MisconfigurationException" not in done.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(torch.distributed.is_mpi_available(), reason="this PyTorch has MPI")
+def test_mpi_backend_on_a_torch_without_mpi_stops_in_the_preflight(tmp_path):
+    # Horovod's usual transport; no PyTorch wheel has it
+    done = run_cli(
+        "fit", *FAST, "--config", "configs/strategy/ddp.yaml", "--trainer.strategy.process_group_backend", "mpi",
+        "--trainer.default_root_dir", str(tmp_path / "run"), timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr[-3000:]
+    (problem,) = [line for line in done.stderr.splitlines() if line.startswith("  - ")]
+    assert "process_group_backend mpi: this PyTorch" in problem and "was built without it" in problem
+    assert "Fix: --trainer.strategy.process_group_backend gloo on CPUs or nccl on GPUs" in problem
+    assert "built from source on a host with MPI" in problem
+    assert "Traceback" not in done.stderr and not (tmp_path / "run").exists()

@@ -12,6 +12,7 @@ from app.cli import main
 from app.launch.env import detect
 from app.launch.preflight import build, machine_problems
 from app.slurm import resolve_config
+from tests.conftest import ROOT
 
 
 @pytest.fixture
@@ -87,12 +88,47 @@ def test_unknown_arch_suggests_the_closest_and_lists_all(fit):
             ["data.global_batch_size=100 does not split evenly over world size 3", "e.g. 99 or 102"],
         ),
         (["--trainer.accelerator", "gpuu"], ["trainer.accelerator 'gpuu' is unknown (did you mean gpu?)"]),
+        (["--data.num_workers", "-1"], ["data.num_workers=-1", "Fix: --data.num_workers 0", "or auto"]),
+        (["--data.num_workers", "x"], ["data.num_workers='x' is not valid. Valid: a number or auto."]),
     ],
-    ids=["batch-size-0", "batch-size-not-a-number", "global-batch-not-divisible", "accelerator-typo"],
+    ids=[
+        "batch-size-0",
+        "batch-size-not-a-number",
+        "global-batch-not-divisible",
+        "accelerator-typo",
+        "workers-negative",
+        "workers-not-a-number",
+    ],
 )
 def test_impossible_numbers_and_names(fit, args, expected):
     _, seen = fit(*args)
     assert all(text in seen for text in expected), seen
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["nccl"], "process_group_backend nccl needs CUDA GPUs, and this run is on the CPU. Fix: "),
+        (["ncl"], "process_group_backend 'ncl' is not a torch.distributed backend (did you mean nccl?). Fix: "),
+    ],
+    ids=["nccl-on-cpu", "backend-typo"],
+)
+def test_process_group_backend_this_run_cannot_use(fit, args, expected):
+    ddp = str(ROOT / "configs" / "strategy" / "ddp.yaml")
+    _, seen = fit("--config", ddp, "--trainer.strategy.process_group_backend", *args)
+    assert expected in seen and "--trainer.strategy.process_group_backend gloo on CPUs or nccl on GPUs" in seen
+
+
+def test_options_of_a_strategy_name_ask_for_its_class(fit):
+    code, seen = fit("--trainer.strategy", "allreduce_fp16", "--trainer.strategy.process_group_backend", "gloo")
+    assert code == 2 and "trainer.strategy is the name 'allreduce_fp16', which takes no options" in seen
+    fix = "--trainer.strategy AllReduceStrategy --trainer.strategy.compression fp16 --trainer.strategy.process_group"
+    assert fix in seen
+
+
+def test_horovod_strategy_points_to_allreduce(fit):
+    _, seen = fit("--trainer.strategy", "horovod")
+    assert "'horovod' is not a registered strategy (Lightning 2 has no Horovod; allreduce does what" in seen
 
 
 def test_more_gpus_than_the_machine_has(fit):

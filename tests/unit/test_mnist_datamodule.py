@@ -9,9 +9,12 @@ import pytest
 import torch
 import torchvision
 
+from app.launch.env import detect
 from datamodules import MNISTDataModule
 from datamodules import mnist as mnist_module
+from datamodules.base import auto_workers, available_cpus, node_cpus
 from datamodules.mnist import FILES, MNISTDataError, ensure_mnist, find_file, load_split
+from tests.conftest import fast_trainer
 
 
 def test_real_mnist_splits(mnist_dir):
@@ -103,3 +106,26 @@ def test_tarball_with_wrong_checksum_is_not_used(tmp_path, monkeypatch):
 def test_bad_batch_size_names_the_fix():
     with pytest.raises(ValueError, match="data.batch_size must be a positive"):
         MNISTDataModule(batch_size=0)
+
+
+def test_auto_workers_share_the_nodes_cpus_and_keep_one_per_process():
+    assert auto_workers(processes_per_node=1, cpus=8) == 7
+    assert auto_workers(processes_per_node=2, cpus=8) == 3
+    assert auto_workers(processes_per_node=4, cpus=2) == 0  # no CPU to spare: load in the training process
+    # torchrun / Lightning's launcher: every process sees the node's affinity mask
+    assert node_cpus(2, detect({})) == available_cpus()
+    # SLURM may bind each task to its own --cpus-per-task CPUs: the node's share is cpus-per-task x tasks
+    slurm = {"SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "2", "SLURM_CPUS_PER_TASK": "6"}
+    assert node_cpus(2, detect(slurm)) == 12 and auto_workers(2, node_cpus(2, detect(slurm))) == 5
+
+
+def test_auto_workers_are_resolved_at_setup_and_used_by_the_loaders(mnist_dir, tmp_path, caplog):
+    dm = MNISTDataModule(data_dir=str(mnist_dir), num_workers="auto")
+    dm.trainer = fast_trainer(tmp_path)
+    with caplog.at_level("INFO"):
+        dm.setup("fit")
+    expected = auto_workers(1, available_cpus())
+    assert dm.num_workers == expected and dm.train_dataloader().num_workers == expected
+    assert f"data.num_workers auto: {expected} loader worker(s) per process ({available_cpus()} CPUs" in caplog.text
+    with pytest.raises(ValueError, match="0 .*, more, or auto; got 'many'"):
+        MNISTDataModule(num_workers="many")

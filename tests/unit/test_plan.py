@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from app.cli import main
 from app.launch.checks import launch_problems
-from app.launch.env import detect, expand_nodelist
+from app.launch.env import detect, expand_nodelist, split_local_rank
 from app.launch.plan import Plan
 from app.launch.preflight import PreflightError, build
 from app.slurm import resolve_config
@@ -135,3 +137,40 @@ def test_sync_batchnorm_is_refused_for_dp_and_a_note_for_one_process(config_of):
     for strategy in ("ddp", "allreduce", "ddp_mp"):  # synchronised between the processes: neither problem nor note
         plan = build(config_of("--trainer.strategy", strategy, "--trainer.devices", "2", *sync), launch=detect({}))
         assert plan.problems == [] and not any("sync_batchnorm" in n for n in plan.notes), strategy
+
+
+@pytest.mark.parametrize(
+    "flag", [["--local-rank=1"], ["--local_rank=1"], ["--local_rank", "1"], ["--local-rank", "1"]]
+)  # torch >= 2.0, older torch and DeepSpeed-style launchers
+def test_torch_distributed_launch_local_rank_flag_is_taken_out(flag):
+    assert split_local_rank(["cli.py", *flag, "fit", "--trainer.devices", "2"]) == (
+        ["cli.py", "fit", "--trainer.devices", "2"],
+        "1",
+    )
+    assert split_local_rank(["cli.py", "fit"]) == (["cli.py", "fit"], None)
+
+
+def test_the_cli_accepts_local_rank_and_sets_local_rank_from_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("LOCAL_RANK", "x")
+    monkeypatch.delenv("LOCAL_RANK")  # absent now, and again after the test
+    cli = main(["--local_rank", "0", "--trainer.default_root_dir", str(tmp_path), "--trainer.logger", "false"], False)
+    assert cli.trainer.local_rank == 0
+    assert os.environ["LOCAL_RANK"] == "0"  # what Lightning's cluster environments read
+
+
+def test_deprecated_launcher_gets_a_note_with_the_torchrun_command(config_of):
+    config = config_of("--trainer.devices", "2")
+    # with --use-env there is no flag: the parent's command line (the launcher) tells
+    parent = ["python", "-m", "torch.distributed.launch", "--use-env", "--nproc_per_node", "2", "cli.py", "fit"]
+    launch = detect(TORCHRUN_2, argv=["cli.py", "fit"], parent=parent)
+    plan = build(config, launch=launch)
+    assert plan.problems == [] and "(started by python -m torch.distributed.launch, deprecated)" in plan.render()
+    assert plan.notes[-1].endswith("The same job with torchrun: torchrun --nproc_per_node 2 cli.py fit")
+    # the flag alone (no parent's command, e.g. not Linux): the command is rebuilt from the launcher's variables
+    launch = detect(TORCHRUN_2, argv=["cli.py", "--local-rank=0", "fit"], parent=[])
+    assert launch.legacy_launch == (
+        "torchrun --nnodes=1 --nproc_per_node=2 --node_rank=0 --master_addr=127.0.0.1 --master_port=29500 cli.py fit"
+    )
+    torchrun = ["python", "/venv/bin/torchrun", "--nproc_per_node", "2", "cli.py", "fit"]
+    assert detect(TORCHRUN_2, argv=["cli.py", "fit"], parent=torchrun).legacy_launch is None
+    assert "deprecated" not in build(config, launch=detect(TORCHRUN_2, argv=["cli.py"], parent=torchrun)).render()

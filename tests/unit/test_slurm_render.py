@@ -47,6 +47,13 @@ def test_cpu_tasks_and_the_default_run_dir(capsys):
     assert "runs/mnist/slurm-%j.out" in script  # configs/mnist.yaml's default_root_dir, made absolute
 
 
+def test_auto_workers_need_the_cpus_per_task(capsys):
+    with pytest.raises(SystemExit, match="data.num_workers auto takes the CPUs SLURM gives each task"):
+        dry_run(capsys, "--tasks-per-node", "2", "--", "fit", "--data.num_workers", "auto")
+    script = dry_run(capsys, "--tasks-per-node", "2", "--cpus-per-task", "8", "--", "fit", "--data.num_workers", "auto")
+    assert "#SBATCH --cpus-per-task=8" in script and "--data.num_workers auto" in script
+
+
 def test_a_job_that_would_fail_its_preflight_is_not_submitted(capsys):
     with pytest.raises(SystemExit) as stopped:
         dry_run(capsys, "--gpus-per-node", "4", "--", "fit", "--trainer.strategy", "dp")

@@ -1,0 +1,189 @@
+"""Where the milliseconds of a short training step go: ``python -m bench.step_profile``.
+
+One process, one CPU thread, ``mnist_cnn`` on synthetic in-memory batches (the short CNN step of
+``bench/step_time.py``). First the wall time per step of a plain PyTorch loop and of the app (Lightning's ``Trainer``,
+the app's ``ImageClassifier`` and the default config's per-step callbacks, no logger), in alternating rounds; then one
+run of each under ``cProfile``, whose cumulative times are sorted into what a step does: the model's forward,
+backward, the optimizer, the classifier's metrics, ``self.log`` (Lightning's result bookkeeping), each app callback,
+and Lightning's loop itself (the rest of ``_TrainingEpochLoop.advance``). cProfile charges every Python call, so its
+milliseconds are larger than the wall times: read them against each other.
+Writes ``bench/results/step_profile.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import cProfile
+import logging
+import os
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from bench.common import RESULTS, machine_line
+from bench.common import report as report_results
+
+# row -> (file suffix, function name) whose cumulative time is the row's; several entries are summed
+ROWS: dict[str, list[tuple[str, str]]] = {
+    "forward (model)": [("torch/nn/modules/container.py", "forward")],
+    "backward": [("~", "<method 'run_backward' of 'torch._C._EngineBase' objects>")],
+    "optimizer step": [("torch/optim/sgd.py", "step")],
+    "zero_grad": [("torch/optim/optimizer.py", "zero_grad")],
+    "classifier: training metrics": [("modules/classifier.py", "log_step")],
+    "self.log (Lightning's bookkeeping)": [("lightning/pytorch/core/module.py", "log")],
+}
+LOOP = ("lightning/pytorch/loops/training_epoch_loop.py", "advance")
+
+
+def callbacks() -> list:
+    """The callbacks of ``configs/mnist.yaml`` that have per-step hooks."""
+    from app.callbacks import AMPHealth, LostRank, RNGState, SIGTERMCheckpoint, SLURMRequeue, Throughput
+
+    return [AMPHealth(), Throughput(), SLURMRequeue(), RNGState(), SIGTERMCheckpoint(), LostRank()]
+
+
+def batches(n: int, batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    images = [torch.randn(batch_size, 1, 28, 28, generator=g) for _ in range(n)]
+    return [(x, torch.randint(0, 10, (batch_size,), generator=g)) for x in images]
+
+
+def plain_steps(model: Any, data: list, profile: cProfile.Profile | None = None) -> float:
+    """Seconds per step of the plain loop (the first step, with lazy optimizer state, not counted)."""
+    net = copy.deepcopy(model.net)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    starts = []
+    if profile:
+        profile.enable()
+    for x, y in data:
+        starts.append(time.perf_counter())
+        loss = F.cross_entropy(net(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    starts.append(time.perf_counter())
+    if profile:
+        profile.disable()
+    return (starts[-1] - starts[1]) / (len(starts) - 2)
+
+
+def app_steps(model: Any, data: list, workdir: str, profile: cProfile.Profile | None = None) -> float:
+    """Seconds per step of the app: a new Trainer, its set-up outside the timed steps."""
+    from lightning.pytorch import Trainer
+
+    from bench.common import batch_clock
+    from bench.step_time import Batches
+
+    clock = batch_clock("cpu")
+    trainer = Trainer(
+        accelerator="cpu", devices=1, max_epochs=1, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=workdir,
+        callbacks=[clock, *callbacks()],
+    )  # fmt: skip
+    if profile:
+        profile.enable()
+    trainer.fit(copy.deepcopy(model), train_dataloaders=Batches(data))
+    if profile:
+        profile.disable()
+    return (clock.starts[-1] - clock.starts[1]) / (len(clock.starts) - 2)
+
+
+def breakdown(profile: cProfile.Profile, steps: int, loop: bool) -> dict[str, float]:
+    """Milliseconds per step (under cProfile) per row; the app's callbacks each get a row."""
+    stats = pstats.Stats(profile).stats  # (file, line, name) -> (calls, primitive calls, own, cumulative, callers)
+
+    def cumulative(suffix: str, name: str) -> float:
+        return sum(v[3] for (f, _, n), v in stats.items() if n == name and f.endswith(suffix))
+
+    rows = {row: sum(cumulative(*key) for key in keys) * 1e3 / steps for row, keys in ROWS.items()}
+    # Lightning runs forward and backward inside optimizer.step(closure): the step's own share is the rest
+    rows["optimizer step"] -= cumulative("lightning/pytorch/loops/optimization/automatic.py", "__call__") * 1e3 / steps
+    if not loop:
+        total = sum(v[2] for v in stats.values()) * 1e3 / steps
+        return {**rows, "rest (the loop's Python)": total - sum(rows.values()), "total": total}
+    hooks: dict[str, float] = {}
+    for (f, _, n), v in stats.items():
+        if "/app/callbacks/" in f and n.startswith("on_"):
+            name = f"callback {Path(f).stem}"
+            hooks[name] = hooks.get(name, 0.0) + v[3] * 1e3 / steps
+    total = cumulative(*LOOP) * 1e3 / steps
+    rows |= dict(sorted(hooks.items(), key=lambda kv: -kv[1]))
+    return {**rows, "Lightning's loop itself (the rest)": total - sum(rows.values()), "total": total}
+
+
+def markdown(results: dict[str, Any]) -> str:
+    s, wall = results["settings"], results["wall"]
+    lines = [
+        "# Where a short step's milliseconds go",
+        "",
+        f"Machine: {machine_line(results['machine'])}. Load average (1 min) before / after: "
+        f"{results['load'][0]:.1f} / {results['load'][1]:.1f}. Command: `{s['command']}`",
+        f"Settings: 1 process x 1 thread, mnist_cnn, batch {s['batch_size']}, {s['steps']} steps per run, "
+        f"{s['rounds']} alternating rounds; the app with the default config's per-step callbacks, no logger.",
+        "",
+        f"Wall time per step (median over rounds): plain {wall['plain_ms']:.2f} ms, app {wall['app_ms']:.2f} ms, "
+        f"ratio {wall['ratio']:.3f} (median of the per-round ratios).",
+        "",
+        "Under cProfile (ms per step; every Python call is charged, so the figures are inflated: compare rows):",
+        "",
+        "| part of the step | plain loop | app |",
+        "|---|---|---|",
+    ]
+    plain_rows, app_rows = results["profile"]["plain"], results["profile"]["app"]
+    for row in dict.fromkeys([*app_rows, *plain_rows]):
+        a, p = app_rows.get(row), plain_rows.get(row)
+        lines.append(f"| {row} | {'-' if p is None else f'{p:.3f}'} | {'-' if a is None else f'{a:.3f}'} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(prog="python -m bench.step_profile", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=200, help="training steps per run (default 200)")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating timed rounds (default 5)")
+    parser.add_argument("--batch-size", type=int, default=16, help="batch (default 16)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="results folder (default bench/results)")
+    args = parser.parse_args(argv)
+    import app.strategies  # noqa: F401  (registers the app's strategy names)
+    from modules import ImageClassifier
+
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    command = "python -m bench.step_profile " + " ".join(argv if argv is not None else sys.argv[1:]).strip()
+    load = [os.getloadavg()[0]]
+    torch.manual_seed(0)
+    model = ImageClassifier(arch="mnist_cnn", optimizer=lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9))
+    data = batches(args.steps + 1, args.batch_size)
+    with tempfile.TemporaryDirectory(prefix="step-profile-") as workdir:
+        app_steps(model, data[:5], workdir)  # warm-up: imports, first-call costs
+        rounds = [(plain_steps(model, data), app_steps(model, data, workdir)) for _ in range(args.rounds)]
+        profiles = {"plain": cProfile.Profile(), "app": cProfile.Profile()}
+        plain_steps(model, data, profiles["plain"])
+        app_steps(model, data, workdir, profiles["app"])
+    wall = {
+        "plain_ms": statistics.median(p for p, _ in rounds) * 1e3,
+        "app_ms": statistics.median(a for _, a in rounds) * 1e3,
+        "ratio": statistics.median(a / p for p, a in rounds),
+    }
+    profile = {kind: breakdown(p, args.steps, kind == "app") for kind, p in profiles.items()}
+    settings = {"steps": args.steps, "rounds": args.rounds, "batch_size": args.batch_size, "command": command}
+    load.append(os.getloadavg()[0])
+    results = report_results(
+        args.out / "step_profile", settings, load, {"wall": wall, "profile": profile}, markdown, lambda r: None
+    )
+    print(markdown(results))
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,8 +38,10 @@ class RankEpochLoss(Callback):
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         mean = self._sum / self._count if self._count else torch.tensor(float("nan"), device=pl_module.device)
-        # the tutorial's own line: print('Rank ', dist.get_rank(), ', epoch ', epoch, ': ', epoch_loss / num_batches)
-        print("Rank ", trainer.global_rank, ", epoch ", trainer.current_epoch, ": ", mean.item(), flush=True)
+        # the tutorial's line, print('Rank ', dist.get_rank(), ', epoch ', epoch, ': ', epoch_loss / num_batches),
+        # written at once: the ranks share the terminal, and print's separate writes would interleave
+        sys.stdout.write(f"Rank  {trainer.global_rank} , epoch  {trainer.current_epoch} :  {mean.item()}\n")
+        sys.stdout.flush()
         # every rank's value in its own slot, summed: one collective, in which every rank takes part
         slots = torch.zeros(trainer.world_size, device=mean.device)
         slots[trainer.global_rank] = mean

@@ -282,6 +282,18 @@ def saved_hparams(checkpoint: dict) -> dict:
     return hparams
 
 
+def weights_from_checkpoint(config: Any) -> None:
+    """A run that loads a checkpoint takes the network's weights from it: ``model.weights`` (pretrained weights the
+    first run started from) is not read again, so resuming or evaluating needs neither the file nor a download.
+    The first run's ``config.yaml`` still names them."""
+    from lightning.pytorch.utilities import rank_zero_info
+
+    weights = config.model.get("weights")
+    if weights:
+        rank_zero_info(f"model.weights {weights} not loaded: the checkpoint holds the network's weights")
+        config.model.weights = None
+
+
 def evaluation_dirpath(config: Any, checkpoint: dict | None) -> None:
     """validate/test/predict: ModelCheckpoint keeps the folder the loaded checkpoint was saved in.
 

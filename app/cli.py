@@ -32,6 +32,7 @@ from app.checkpoint import (
     read_given_checkpoint,
     resolve_last,
     saved_hparams,
+    weights_from_checkpoint,
 )
 from app.errors import UsageError, UserError, explain_parser_error, one_line, parser_options
 from app.launch.env import split_local_rank
@@ -106,6 +107,8 @@ class CLI(LightningCLI):
             continue_run_of(config, last)
         if config.get("ckpt_path") and self._checkpoint is None and Path(config.ckpt_path).is_file():
             self._checkpoint = read_checkpoint(config.ckpt_path, trust=config.trust_checkpoint)  # the resolved "last"
+        if self._checkpoint is not None:
+            weights_from_checkpoint(config)
         if self.subcommand not in (None, "fit") and self._checkpoint is not None:
             evaluation_dirpath(config, self._checkpoint)
         prepare_loggers(config, self.subcommand)  # W&B group; resumed run's identity

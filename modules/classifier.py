@@ -28,6 +28,8 @@ class ImageClassifier(LightningModule):
         arch: network name (``mnist_cnn`` or any torchvision classification model, e.g. ``resnet50``).
         num_classes: linked from the datamodule by the CLI.
         in_channels: linked from the datamodule by the CLI (1 for MNIST, 3 for ImageNet).
+        weights: start from pretrained weights: a torchvision weights name of ``arch`` (``IMAGENET1K_V2``,
+            ``DEFAULT``) or a file (a state dict, or a checkpoint of this app); see :func:`modules.zoo.build`.
         optimizer: the optimizer, e.g. in YAML ``{class_path: torch.optim.SGD, init_args: {lr: 0.1}}``
             or ``--model.optimizer SGD --model.optimizer.lr 0.1`` on the command line.
         lr_scheduler: optional LR scheduler given the same way (e.g. ``torch.optim.lr_scheduler.StepLR``).
@@ -51,6 +53,7 @@ class ImageClassifier(LightningModule):
         arch: str = "mnist_cnn",
         num_classes: int = 10,
         in_channels: int = 1,
+        weights: str | None = None,
         optimizer: OptimizerCallable = lambda params: torch.optim.Adam(params, lr=1e-3),
         lr_scheduler: LRSchedulerCallable | None = None,
         lr_scheduler_interval: Literal["epoch", "step"] = "epoch",
@@ -63,7 +66,7 @@ class ImageClassifier(LightningModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
-        self.net = zoo.build(arch, num_classes=num_classes, in_channels=in_channels)
+        self.net = zoo.build(arch, num_classes=num_classes, in_channels=in_channels, weights=weights)
         if channels_last:
             self.net = self.net.to(memory_format=torch.channels_last)
         if compile:

@@ -1,5 +1,6 @@
-"""Callbacks that observe training: throughput, AMP health, stop-at-accuracy and the final summary; the random
-generator states of checkpoints (:class:`RNGState`); the ranks' agreements (SIGTERM, requeue, lost rank).
+"""Callbacks that observe training: throughput, AMP health, stop-at-accuracy, each rank's epoch loss
+(:class:`RankEpochLoss`) and the final summary; the random generator states of checkpoints (:class:`RNGState`); the
+ranks' agreements (SIGTERM, requeue, lost rank).
 
 Checkpoint I/O lives in :mod:`app.checkpoint`.
 """
@@ -7,6 +8,7 @@ Checkpoint I/O lives in :mod:`app.checkpoint`.
 from app.callbacks.amp import AMPHealth, NonFiniteLossError
 from app.callbacks.lost_rank import LostRank, LostRankError
 from app.callbacks.lr_monitor import LearningRateMonitor
+from app.callbacks.rank_loss import RankEpochLoss
 from app.callbacks.requeue import SLURMRequeue
 from app.callbacks.rng import RNGState
 from app.callbacks.sigterm import SIGTERMCheckpoint
@@ -20,6 +22,7 @@ __all__ = [
     "LostRank",
     "LostRankError",
     "NonFiniteLossError",
+    "RankEpochLoss",
     "RNGState",
     "SIGTERMCheckpoint",
     "SLURMRequeue",

@@ -23,6 +23,19 @@ def test_mnist_fast_is_the_small_batchnorm_default():
     assert zoo.build("mnist_fast", num_classes=3, in_channels=3)(torch.randn(2, 3, 28, 28)).shape == (2, 3)
 
 
+def test_tutorial_net_is_the_distributed_tutorials_network():
+    net = zoo.build("tutorial_net", num_classes=10, in_channels=1)
+    convs = [(m.in_channels, m.out_channels, m.kernel_size) for m in net.modules() if isinstance(m, nn.Conv2d)]
+    assert convs == [(1, 10, (5, 5)), (10, 20, (5, 5))]
+    linears = [(m.in_features, m.out_features) for m in net.modules() if isinstance(m, nn.Linear)]
+    assert linears == [(320, 50), (50, 10)]
+    assert sum(isinstance(m, nn.Dropout2d) for m in net.modules()) == 1
+    assert sum(p.numel() for p in net.parameters()) == 21_840
+    net.eval()
+    logits = net(torch.randn(4, 1, 28, 28))  # logits: the tutorial's log_softmax is cross_entropy's first step
+    assert logits.shape == (4, 10) and not torch.allclose(logits.exp().sum(1), torch.ones(4))
+
+
 @pytest.mark.parametrize("arch", ["resnet18", "mobilenet_v3_small", "vit_b_16"])
 def test_torchvision_models_take_grayscale(arch):
     net = zoo.build(arch, num_classes=7, in_channels=1)

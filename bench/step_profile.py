@@ -39,9 +39,10 @@ ROWS: dict[str, list[tuple[str, str]]] = {
     "optimizer step": [("torch/optim/sgd.py", "step")],
     "zero_grad": [("torch/optim/optimizer.py", "zero_grad")],
     "classifier: training metrics": [("modules/classifier.py", "log_step")],
-    "self.log (Lightning's bookkeeping)": [("lightning/pytorch/core/module.py", "log")],
+    "self.log (Lightning's bookkeeping)": [],  # see breakdown()
 }
 LOOP = ("lightning/pytorch/loops/training_epoch_loop.py", "advance")
+LOGS = ("log", "log_dict")  # LightningModule's logging methods
 
 
 def callbacks() -> list:
@@ -98,15 +99,29 @@ def app_steps(model: Any, data: list, workdir: str, profile: cProfile.Profile | 
 
 
 def breakdown(profile: cProfile.Profile, steps: int, loop: bool) -> dict[str, float]:
-    """Milliseconds per step (under cProfile) per row; the app's callbacks each get a row."""
+    """Milliseconds per step (under cProfile) per row; the app's callbacks each get a row. ``self.log`` (and
+    ``log_dict``) is its own row: its time is taken out of the classifier's and the callbacks' rows that call it."""
     stats = pstats.Stats(profile).stats  # (file, line, name) -> (calls, primitive calls, own, cumulative, callers)
 
     def cumulative(suffix: str, name: str) -> float:
         return sum(v[3] for (f, _, n), v in stats.items() if n == name and f.endswith(suffix))
 
+    logging = {k: v for k, v in stats.items() if k[0].endswith("lightning/pytorch/core/module.py") and k[2] in LOGS}
+
+    def logging_from(file_part: str) -> float:
+        """Time in self.log/log_dict called directly from functions of files containing ``file_part``."""
+        return sum(
+            times[3]
+            for v in logging.values()
+            for caller, times in v[4].items()
+            if file_part in caller[0] and caller[2] not in LOGS
+        )
+
     rows = {row: sum(cumulative(*key) for key in keys) * 1e3 / steps for row, keys in ROWS.items()}
     # Lightning runs forward and backward inside optimizer.step(closure): the step's own share is the rest
     rows["optimizer step"] -= cumulative("lightning/pytorch/loops/optimization/automatic.py", "__call__") * 1e3 / steps
+    rows["classifier: training metrics"] -= logging_from("modules/classifier.py") * 1e3 / steps
+    rows["self.log (Lightning's bookkeeping)"] = logging_from("/") * 1e3 / steps
     if not loop:
         total = sum(v[2] for v in stats.values()) * 1e3 / steps
         return {**rows, "rest (the loop's Python)": total - sum(rows.values()), "total": total}
@@ -115,6 +130,8 @@ def breakdown(profile: cProfile.Profile, steps: int, loop: bool) -> dict[str, fl
         if "/app/callbacks/" in f and n.startswith("on_"):
             name = f"callback {Path(f).stem}"
             hooks[name] = hooks.get(name, 0.0) + v[3] * 1e3 / steps
+    for name in hooks:
+        hooks[name] -= logging_from(f"/app/callbacks/{name.split()[-1]}.py") * 1e3 / steps
     total = cumulative(*LOOP) * 1e3 / steps
     rows |= dict(sorted(hooks.items(), key=lambda kv: -kv[1]))
     return {**rows, "Lightning's loop itself (the rest)": total - sum(rows.values()), "total": total}

@@ -31,9 +31,16 @@ from app.checkpoint import (
     saved_hparams,
 )
 from app.errors import UsageError, UserError, explain_parser_error, one_line, parser_options
+from app.launch.env import detect
 from app.launch.preflight import preflight
-from app.launch.rendezvous import apply_timeout, rendezvous_errors_explained
-from app.loggers import TrackingConfigCallback, continue_run_of, prepare_loggers, write_to_run_dir
+from app.launch.rendezvous import apply_timeout, join_this_attempt, rendezvous_errors_explained
+from app.loggers import (
+    TrackingConfigCallback,
+    continue_run_of,
+    prepare_loggers,
+    resume_torchrun_job,
+    write_to_run_dir,
+)
 from app.quiet import silence_known_noise
 from modules import ImageClassifier
 
@@ -96,7 +103,7 @@ class CLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self._subcommand_config()
         write_to_run_dir(config)
-        last = resolve_last(config, self.subcommand)
+        last = resolve_last(config, self.subcommand) or resume_torchrun_job(config, self.subcommand, detect())
         if last is not None and self.subcommand == "fit":
             continue_run_of(config, last)
         if config.get("ckpt_path") and self._checkpoint is None and Path(config.ckpt_path).is_file():
@@ -118,6 +125,7 @@ class CLI(LightningCLI):
 
     def _run_subcommand(self, subcommand: str) -> None:
         with rendezvous_errors_explained(self.plan):  # a rendezvous timeout names the ranks the plan expected
+            join_this_attempt(self.trainer.strategy)  # a torchrun restart: not the dead workers' addresses
             super()._run_subcommand(subcommand)
 
 

@@ -125,7 +125,7 @@ class CLI(LightningCLI):
 
     def _run_subcommand(self, subcommand: str) -> None:
         with rendezvous_errors_explained(self.plan):  # a rendezvous timeout names the ranks the plan expected
-            join_this_attempt(self.trainer.strategy)  # a torchrun restart: not the dead workers' addresses
+            join_this_attempt(self.trainer.strategy, self.plan.launch)  # not the addresses of a previous attempt
             super()._run_subcommand(subcommand)
 
 

@@ -12,6 +12,8 @@ import time
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from app.launch.env import detect
+
 # what gloo (and c10d around it) says when the other end of a collective is gone or silent
 PEER_GONE = re.compile(r"closed by peer|reset by peer|broken pipe|timed out|timeout|connection refused", re.IGNORECASE)
 
@@ -80,7 +82,8 @@ class LostRank(Callback):
     def _message(lost: list[int], world: int, how: str, rank: int, torch_says: str | None) -> str:
         names = ", ".join(map(str, lost)) if lost else "unknown"
         torch_says = f" torch: {torch_says}." if torch_says else ""
-        restart, most = (int(os.environ.get(f"TORCHELASTIC_{k}") or 0) for k in ("RESTART_COUNT", "MAX_RESTARTS"))
+        launch = detect()
+        restart, most = launch.restart_count, launch.max_restarts
         if restart < most:  # torchrun --max-restarts: the agent stops the survivors and starts the group again
             return (
                 f"torchrun: lost rank {names} of {world} ({how}); rank {rank} stops too and torchrun restarts the "

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from app.launch.plan import Plan
 
 
-def join_this_attempt(strategy: Any) -> None:
+def join_this_attempt(strategy: Any, launch: Launch) -> None:
     """Under a restartable torchrun job, forms the process group in a namespace of this attempt of the agent's store.
 
     Why by hand: torchrun's agent serves one TCPStore to the workers for the whole job
@@ -37,14 +37,13 @@ def join_this_attempt(strategy: Any) -> None:
 
     env = getattr(strategy, "cluster_environment", None)
     backend = getattr(strategy, "_get_process_group_backend", None)
-    restartable = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS") or 0) > 0
-    if not (restartable and isinstance(env, TorchElasticEnvironment) and backend and env.world_size() > 1):
+    if not (launch.max_restarts and isinstance(env, TorchElasticEnvironment) and backend and launch.multi_task):
         return
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or dist.is_initialized():
+    if launch.env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or dist.is_initialized():
         return  # a store of this attempt's own (rank 0 hosts it): nothing stale in it
     timeout = strategy._timeout or default_pg_timeout
     store = dist.TCPStore(env.main_address, env.main_port, is_master=False, timeout=timeout)
-    store = dist.PrefixStore(f"/worker/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    store = dist.PrefixStore(f"/worker/attempt_{launch.restart_count}", store)
     device = strategy.root_device
     kwargs = {"device_id": device} if device.type != "cpu" else {}
     _init_dist_connection(env, backend(), store=store, timeout=timeout, **kwargs)

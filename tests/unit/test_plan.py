@@ -116,9 +116,10 @@ def test_elastic_torchrun_node_range_takes_the_world_from_the_launcher(config_of
 def test_the_node_range_is_read_from_the_agents_command_line(nnodes, expected):
     # a real process whose command line is a torchrun command, read through /proc as a worker reads its agent's
     torchrun_args = ["torch.distributed.run", "--nnodes", nnodes, "--nproc_per_node", "2", "cli.py", "fit"]
-    waits = [sys.executable, "-c", "import sys; sys.stdin.read()"]
-    agent = subprocess.Popen([*waits, *torchrun_args], stdin=subprocess.PIPE)
+    waits = [sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.read()"]
+    agent = subprocess.Popen([*waits, *torchrun_args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
+        agent.stdout.readline()  # its command line is readable once it runs (empty while exec is in progress)
         assert torchrun_node_range(agent.pid) == expected
     finally:
         agent.communicate(timeout=30)

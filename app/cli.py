@@ -35,10 +35,16 @@ from app.checkpoint import (
     weights_from_checkpoint,
 )
 from app.errors import UsageError, UserError, explain_parser_error, one_line, parser_options
-from app.launch.env import split_local_rank
+from app.launch.env import detect, split_local_rank
 from app.launch.preflight import preflight
-from app.launch.rendezvous import apply_timeout, rendezvous_errors_explained
-from app.loggers import TrackingConfigCallback, continue_run_of, prepare_loggers, write_to_run_dir
+from app.launch.rendezvous import apply_timeout, join_this_attempt, rendezvous_errors_explained
+from app.loggers import (
+    TrackingConfigCallback,
+    continue_run_of,
+    prepare_loggers,
+    resume_torchrun_job,
+    write_to_run_dir,
+)
 from app.quiet import silence_known_noise
 from app.sync_batchnorm import with_sync_batchnorm
 from modules import ImageClassifier
@@ -102,7 +108,7 @@ class CLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self._subcommand_config()
         write_to_run_dir(config)
-        last = resolve_last(config, self.subcommand)
+        last = resolve_last(config, self.subcommand) or resume_torchrun_job(config, self.subcommand, detect())
         if last is not None and self.subcommand == "fit":
             continue_run_of(config, last)
         if config.get("ckpt_path") and self._checkpoint is None and Path(config.ckpt_path).is_file():
@@ -133,6 +139,7 @@ class CLI(LightningCLI):
 
     def _run_subcommand(self, subcommand: str) -> None:
         with rendezvous_errors_explained(self.plan):  # a rendezvous timeout names the ranks the plan expected
+            join_this_attempt(self.trainer.strategy, self.plan.launch)  # not the addresses of a previous attempt
             super()._run_subcommand(subcommand)
 
 

@@ -34,6 +34,7 @@ from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_info
 
 from app.checkpoint import hpc_checkpoint, load_on_cpu
+from app.launch.env import Launch
 
 SECRET_KEY = re.compile(r"(api[_-]?key|token|secret|password|credential)", re.IGNORECASE)
 INSTALL_HINT = (
@@ -227,6 +228,8 @@ class TrackingConfigCallback(SaveConfigCallback):
                 identity["tensorboard_version"] = version if isinstance(version, str) else f"version_{version}"
             elif isinstance(logger, loggers.WandbLogger) and "wandb_id" not in identity and logger.version:
                 identity["wandb_id"] = logger.version
+        if run_id := os.environ.get("TORCHELASTIC_RUN_ID"):  # what a restarted worker group looks for
+            identity["torchrun_job"] = run_id
         return identity
 
 
@@ -248,6 +251,29 @@ def read_identity(checkpoint: Path) -> dict[str, Any]:
     except pickle.UnpicklingError:
         return {}
     return dict(state.get("callbacks", {}).get(TrackingConfigCallback.__qualname__, {}))
+
+
+def resume_torchrun_job(config: Any, subcommand: str | None, launch: Launch) -> Path | None:
+    """A restarted torchrun worker group continues its run, as a SLURM requeue does; sets ``ckpt_path``.
+
+    ``fit`` without ``--ckpt_path`` under torchrun resumes the newest ``version_*/checkpoints/last.ckpt`` whose run
+    identity names this job (``TORCHELASTIC_RUN_ID``, the same in every attempt): the same run folder, TensorBoard
+    version and W&B run (:func:`prepare_loggers`). A checkpoint of another job in the folder is not this run. torchrun
+    gives every job without ``--rdzv-id`` the id ``none``, so such a job resumes only once it has restarted. Returns the
+    file, or None (an explicit ``--ckpt_path``, not torchrun, or nothing of this job saved yet).
+    """
+    job = launch.job_id
+    if subcommand != "fit" or config.get("ckpt_path") or launch.launcher != "torchrun" or not job:
+        return None
+    if job == "none" and launch.restart_count == 0:
+        return None
+    root = Path(config.trainer.get("default_root_dir") or ".")
+    found = sorted(root.glob("version_*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True)
+    last = next((p for p in found if read_identity(p).get("torchrun_job") == job), None)
+    if last is not None:
+        config.ckpt_path = str(last)
+        rank_zero_info(f"torchrun restart {launch.restart_count}: resuming {last}, the newest last.ckpt of job {job}")
+    return last
 
 
 def logger_configs(config: Any) -> list:
@@ -319,6 +345,6 @@ def _continue_the_checkpoints_run(config: Any, tb_cfgs: list, wandb_cfgs: list) 
         if not lg.init_args.get("id") and identity.get("wandb_id"):
             lg.init_args.id = identity["wandb_id"]
     if identity:
-        names = {"tensorboard_version": "TensorBoard", "wandb_id": "W&B run"}
+        names = {"tensorboard_version": "TensorBoard", "wandb_id": "W&B run", "torchrun_job": "torchrun job"}
         what = " and ".join(f"{names.get(k, k)} {v}" for k, v in identity.items())
         rank_zero_info(f"Resuming from {checkpoint}: continuing {what}")

@@ -167,7 +167,9 @@ class ImageClassifier(LightningModule):
         sums = self.trainer.strategy.reduce(sums.to(self.device), reduce_op="sum").tolist()
         if sums[3] > 0:
             names = ("train/loss_epoch", "train/acc1_epoch", "train/acc5_epoch")
-            self.log_dict({name: total / sums[3] for name, total in zip(names, sums, strict=False)}, on_epoch=True)
+            # equal on every rank already; sync_dist's mean keeps them so (and keeps Lightning from warning)
+            values = {name: total / sums[3] for name, total in zip(names, sums, strict=False)}
+            self.log_dict(values, on_epoch=True, sync_dist=True)
 
     def _step(self, batch, stage: str) -> torch.Tensor:
         return self.log_step(self.forward_step(batch), stage)

@@ -62,9 +62,14 @@ class Agreement:
         return {n: v > 0 for n, v in zip(names, flags.tolist(), strict=True)}
 
     def _group(self) -> Any:
-        # Every rank gets here at the end of the same (first) batch, so new_group's collective lines up.
+        """None (the default group) when it is gloo, else a gloo group made once for this (every rank gets here at
+        the end of the same, first, batch, so new_group's collective lines up). No reference to the default group is
+        kept: destroy_process_group() at the process's end must drop the last one, so that the group's destructor
+        joins gloo's worker threads while Python is still alive (``app.launch.group``)."""
+        if dist.get_backend() == "gloo":
+            return None
         if self.group is None:
-            self.group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+            self.group = dist.new_group(backend="gloo")
         return self.group
 
 
@@ -93,6 +98,8 @@ def unwatch(trainer: Trainer, name: str, finished: bool = True) -> None:
         shared.pending = None
     elif not shared.sources:
         shared.wait()
+    if not shared.sources:
+        shared.group = None  # (the same reason as in Agreement._group: the run's end must not keep a group alive)
 
 
 def any_rank(trainer: Trainer, name: str) -> bool:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 import threading
 import time
 
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
+
+from app.launch.env import detect
 
 # what gloo (and c10d around it) says when the other end of a collective is gone or silent
 PEER_GONE = re.compile(r"closed by peer|reset by peer|broken pipe|timed out|timeout|connection refused", re.IGNORECASE)
@@ -40,6 +43,8 @@ class LostRank(Callback):
     When the store itself is gone, its host (rank 0, or the torchrun agent) is the one lost; under Lightning's own
     launcher, rank 0 started the other local ranks and reads their exit status directly. The rank then exits
     with status 1 and that message instead of a traceback, after finalizing its loggers; nothing is left waiting.
+    Under ``torchrun --max-restarts K`` with a restart left, the line says instead that torchrun restarts the worker
+    group (which resumes from the newest ``last.ckpt``, see ``app.loggers.resume_torchrun_job``): not an error yet.
 
     With NCCL a dead peer usually makes the survivors block until the process-group timeout (``--launch.timeout``),
     after which torch's watchdog ends the process itself; this callback reports whatever reaches Python.
@@ -77,8 +82,17 @@ class LostRank(Callback):
     def _message(lost: list[int], world: int, how: str, rank: int, torch_says: str | None) -> str:
         names = ", ".join(map(str, lost)) if lost else "unknown"
         torch_says = f" torch: {torch_says}." if torch_says else ""
+        launch = detect()
+        restart, most = launch.restart_count, launch.max_restarts
+        if restart < most:  # torchrun --max-restarts: the agent stops the survivors and starts the group again
+            return (
+                f"torchrun: lost rank {names} of {world} ({how}); rank {rank} stops too and torchrun restarts the "
+                f"worker group (restart {restart + 1} of {most}), which resumes from the newest last.ckpt of this "
+                f"run.{torch_says}"
+            )
+        used_up = f" torchrun has no restart left ({most} of {most} used), so the job fails." if most else ""
         return (
-            f"error: lost rank {names} of {world} ({how}); rank {rank} stops too.{torch_says} "
+            f"error: lost rank {names} of {world} ({how}); rank {rank} stops too.{used_up}{torch_says} "
             "Fix: look at the lost rank's log and exit status (out of memory? killed by the scheduler? node down?), "
             "then resume the job with `--ckpt_path last`."
         )
@@ -93,6 +107,10 @@ class LostRank(Callback):
                 return
             self._reported = True
         rank, world = trainer.global_rank, trainer.world_size
+        if threading.current_thread() is threading.main_thread():
+            # this rank is stopping anyway; a SIGTERM now (torchrun's agent stops the survivors) would run Lightning's
+            # handler, restored by SIGTERMCheckpoint, whose broadcast on the broken group fails inside the roll call
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
         self._failures += 1
         lost, how = self._dead_children(trainer) or self._roll_call(rank, world)
         torch_says = torch_message(exception)

@@ -36,12 +36,14 @@ class SIGTERMCheckpoint(Callback):
     def __init__(self) -> None:
         self._requested = False
         self._previous = None
+        self._watching = False
 
     def _install(self, trainer: Trainer) -> None:
         # Lightning registers its handler after on_fit_start (Trainer._run), so it is replaced here, once it exists
         if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) != self._record:
             self._requested, self._previous = False, signal.signal(signal.SIGTERM, self._record)
             agree.watch(trainer, "sigterm", lambda: self._requested)
+            self._watching = True
             # Lightning 2.6 also broadcasts rank 0's SIGTERM flag before every training batch and reads it on the
             # host (_TrainingEpochLoop._broadcast_sigterm_tensor): a blocking collective and a device sync per step.
             # Its flag is set only by Lightning's handler, which this one has just replaced, so the broadcast could
@@ -54,6 +56,10 @@ class SIGTERMCheckpoint(Callback):
     def _restore(self, trainer: Trainer, finished: bool = True) -> None:
         if signal.getsignal(signal.SIGTERM) == self._record:
             signal.signal(signal.SIGTERM, self._previous or signal.SIG_DFL)
+        # also when Lightning's teardown has already put back the handlers it found: the agreement's last all-reduce
+        # must be waited for before the process group goes (an unwaited gloo work aborts the exiting interpreter)
+        if self._watching:
+            self._watching = False
             agree.unwatch(trainer, "sigterm", finished)
             vars(trainer.fit_loop.epoch_loop).pop("_broadcast_sigterm_tensor", None)
 

@@ -105,7 +105,8 @@ class Throughput(Callback):
         seconds = time.perf_counter() - self._val_start
         if trainer.sanity_checking or self._val_images == 0 or seconds <= 0:
             return
-        pl_module.log("perf/val_images_per_sec", self._val_images * trainer.world_size / seconds, on_epoch=True)
+        rate = self._val_images * trainer.world_size / seconds  # this rank's view; sync_dist: the ranks' mean
+        pl_module.log("perf/val_images_per_sec", rate, on_epoch=True, sync_dist=True)
 
 
 def batch_size(batch: Any) -> int:

@@ -75,6 +75,8 @@ def nodes_differ(plan: Plan) -> str | None:
     kind, nodes = plan.launch.launcher, plan.launch.nodes
     if kind not in FLAG or plan.layout.one_process or nodes is None or nodes == plan.num_nodes:
         return None
+    if plan.launch.node_range:  # torchrun --nnodes MIN:MAX: the round's nodes, not the config, make the world
+        return None
     return (
         f"{LAUNCHER_NAMES[kind]} runs on {nodes} node(s) ({NODES_FLAG[kind]} {nodes}) but "
         f"trainer.num_nodes={plan.num_nodes}. Fix: `--trainer.num_nodes {nodes}`, or launch with "

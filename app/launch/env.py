@@ -11,6 +11,8 @@ them with the config before any process group exists.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import shlex
@@ -41,6 +43,10 @@ class Launch:
         cpus_per_task: CPUs SLURM gave each task (``--cpus-per-task``), None when it does not say.
         legacy_launch: set when the deprecated ``python -m torch.distributed.launch`` started this job (``launcher``
             is then ``"torchrun"``: the same agent and variables): the same job as a torchrun command.
+        job_id: SLURM's job id, or torchrun's ``TORCHELASTIC_RUN_ID`` (``--rdzv-id``; random with ``--standalone``).
+        restart_count: SLURM requeues, or torchrun restarts of the worker group so far (``TORCHELASTIC_RESTART_COUNT``).
+        max_restarts: torchrun's ``--max-restarts`` (``TORCHELASTIC_MAX_RESTARTS``); 0 elsewhere.
+        node_range: torchrun's ``--nnodes MIN:MAX`` when MIN < MAX (elastic), else None.
         env: the variables the layout was read from (for messages).
     """
 
@@ -57,6 +63,8 @@ class Launch:
     restart_count: int = 0
     cpus_per_task: int | None = None
     legacy_launch: str | None = None
+    max_restarts: int = 0
+    node_range: tuple[int, int] | None = None
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @property
@@ -184,10 +192,39 @@ def detect(
             legacy_launch=legacy_launch(
                 env, sys.argv if argv is None else argv, parent_command() if parent is None else parent
             ),
+            job_id=env.get("TORCHELASTIC_RUN_ID"),
+            restart_count=_int(env.get("TORCHELASTIC_RESTART_COUNT")) or 0,
+            max_restarts=_int(env.get("TORCHELASTIC_MAX_RESTARTS")) or 0,
+            node_range=torchrun_node_range() if environ is None else None,
             env=env,
         )
     # plain `python cli.py` on each node (Lightning's own launcher): NODE_RANK says which node this is
     return Launch(node_rank=_int(env.get("NODE_RANK")) or 0, hosts=(socket.gethostname(),), env=env)
+
+
+def torchrun_node_range(agent_pid: int | None = None) -> tuple[int, int] | None:
+    """torchrun's ``--nnodes MIN:MAX`` when it is a range, read from the agent's command line with torch's own parser.
+
+    The agent tells its workers the nodes of this round only (``WORLD_SIZE``), not the range it accepts, so the range
+    is read where torchrun got it: the command line of the worker's parent, the agent (``agent_pid``; Linux ``/proc``).
+    None when that cannot be read or ``--nnodes`` is a single number.
+    """
+    try:
+        argv = Path(f"/proc/{agent_pid or os.getppid()}/cmdline").read_bytes().decode().split("\0")[:-1]
+    except (OSError, UnicodeDecodeError):
+        return None
+    start = next((i + 1 for i, arg in enumerate(argv) if arg == "torch.distributed.run" or arg.endswith("torchrun")), 0)
+    if not start:
+        return None
+    from torch.distributed.run import get_args_parser, parse_min_max_nnodes
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # argparse's usage text on a command it cannot parse
+            nodes = get_args_parser().parse_args(argv[start:]).nnodes
+        low, high = parse_min_max_nnodes(nodes)
+    except (SystemExit, ValueError, RuntimeError):
+        return None
+    return (low, high) if low < high else None
 
 
 def main_address(launch: Launch) -> str | None:

@@ -133,6 +133,19 @@ class Plan:
             lines.append(f"  ... {nodes - 8} more node(s)")
         return lines
 
+    def _elastic(self) -> str:
+        """torchrun's elastic settings: restarts (``TORCHELASTIC_*``) and the node range, and what a restart does."""
+        launch, parts = self.launch, []
+        if launch.max_restarts:
+            parts.append(
+                f"restart {launch.restart_count} of at most {launch.max_restarts}: when a worker dies, torchrun "
+                "restarts the group, which resumes from the newest last.ckpt of this run"
+            )
+        if launch.node_range:
+            low, high = launch.node_range
+            parts.append(f"--nnodes {low}:{high}, {launch.nodes} node(s) this round (world size from WORLD_SIZE)")
+        return "elastic      " + "; ".join(parts)
+
     def render(self) -> str:
         """The plan as printed by rank 0."""
         launch = self.launch
@@ -142,6 +155,7 @@ class Plan:
             f"launcher     {LAUNCHER_NAMES[launch.launcher]}"
             + (f", job {launch.job_id} (restart {launch.restart_count})" if launch.job_id else "")
             + (" (started by python -m torch.distributed.launch, deprecated)" if launch.legacy_launch else ""),
+            *([self._elastic()] if launch.max_restarts or launch.node_range else []),
             f"layout       {nodes} node(s) x {per_node} process(es) = world size {self.launched_world_size}; "
             f"strategy {self.strategy}, accelerator {self.accelerator}, precision {self.precision}",
             *self._node_lines(nodes, per_node),

@@ -38,6 +38,8 @@ def build(config: Any, launch: Launch | None = None, timeout: float | None = Non
         resume = f"hpc: {hpc} (Lightning resumes from it automatically under SLURM)"
     strategy = trainer.get("strategy") or "auto"
     devices, nodes = device_count(trainer.get("devices", "auto"), accelerator), int(trainer.get("num_nodes") or 1)
+    if launch.node_range and launch.nodes:  # elastic torchrun: this round's nodes (WORLD_SIZE), whatever the config
+        nodes = launch.nodes
     plan = Plan(
         launch=launch,
         strategy=strategy_name(strategy),
@@ -64,6 +66,13 @@ def preflight(config: Any, timeout: float | None = None, echo: bool = True) -> P
     """Builds and checks the plan; rank 0 prints it. Every rank exits with the fix when the plan has problems."""
     plan = build(config, timeout=timeout)
     from lightning.pytorch.utilities import rank_zero_info
+
+    if plan.num_nodes != int(config.trainer.get("num_nodes") or 1):  # elastic torchrun: the Trainer's too
+        plan.notes.append(
+            f"trainer.num_nodes={config.trainer.get('num_nodes')} replaced by the {plan.num_nodes} node(s) torchrun "
+            f"started this round (--nnodes {plan.launch.node_range[0]}:{plan.launch.node_range[1]})."
+        )
+        config.trainer.num_nodes = plan.num_nodes
 
     plan.problems += machine_problems(plan, config)
     if echo:

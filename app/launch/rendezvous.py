@@ -16,6 +16,39 @@ if TYPE_CHECKING:
     from app.launch.plan import Plan
 
 
+def join_this_attempt(strategy: Any, launch: Launch) -> None:
+    """Under a restartable torchrun job, forms the process group in a namespace of this attempt of the agent's store.
+
+    Why by hand: torchrun's agent serves one TCPStore to the workers for the whole job
+    (``TORCHELASTIC_USE_AGENT_STORE``), and torch's ``env://`` rendezvous uses it without a per-attempt prefix (since
+    torch 2.5; pytorch/pytorch#135712). After a restart the new workers can read the addresses the dead ones published
+    and gloo's ``connectFullMesh`` fails ("Connection refused", or "Connect timeout" after minutes). torch 2.4 put each
+    attempt under ``/worker/attempt_<TORCHELASTIC_RESTART_COUNT>``; this restores that, then forms the group with
+    Lightning's own helper (the strategy's backend and timeout), whose later call finds it formed and returns.
+
+    The count is per node agent: on several nodes a node that restarts only because another one rejoined keeps its
+    count (torch's limitation, the same issue), so multi-node elastic jobs should set
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` for torchrun, which gives every attempt a store of its own.
+    """
+    import torch.distributed as dist
+    from lightning.fabric.plugins.environments import TorchElasticEnvironment
+    from lightning.fabric.utilities.distributed import _init_dist_connection
+    from torch.distributed.constants import default_pg_timeout
+
+    env = getattr(strategy, "cluster_environment", None)
+    backend = getattr(strategy, "_get_process_group_backend", None)
+    if not (launch.max_restarts and isinstance(env, TorchElasticEnvironment) and backend and launch.multi_task):
+        return
+    if launch.env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or dist.is_initialized():
+        return  # a store of this attempt's own (rank 0 hosts it): nothing stale in it
+    timeout = strategy._timeout or default_pg_timeout
+    store = dist.TCPStore(env.main_address, env.main_port, is_master=False, timeout=timeout)
+    store = dist.PrefixStore(f"/worker/attempt_{launch.restart_count}", store)
+    device = strategy.root_device
+    kwargs = {"device_id": device} if device.type != "cpu" else {}
+    _init_dist_connection(env, backend(), store=store, timeout=timeout, **kwargs)
+
+
 def apply_timeout(strategy: Any, seconds: float | None) -> None:
     """Sets how long the ranks wait for each other (the process-group timeout, rendezvous included).
 

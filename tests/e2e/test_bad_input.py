@@ -38,7 +38,8 @@ def cli(tmp_path, capsys, monkeypatch):
 
     def run(subcommand: str, *args: str) -> tuple[int, str]:
         with pytest.raises(SystemExit) as stopped:
-            main([subcommand, *FAST, "--trainer.default_root_dir", str(tmp_path / "run"), *args])
+            # the run folder last: a --config among the args (imagenet.yaml) would otherwise put it under ./runs
+            main([subcommand, *FAST, *args, "--trainer.default_root_dir", str(tmp_path / "run")])
         assert stopped.value.code not in (0, None)
         return stopped.value.code, capsys.readouterr().err
 

@@ -20,7 +20,8 @@ import pytest
 import torch
 from jsonargparse import Namespace
 
-from app.loggers import prepare_loggers
+from app.launch.env import detect
+from app.loggers import prepare_loggers, resume_torchrun_job
 from tests.conftest import ROOT
 from tests.wandb_reader import offline_runs, requires_wandb, tensorboard_scalars
 
@@ -120,3 +121,42 @@ def test_requeued_slurm_job_continues_the_run_of_its_hpc_checkpoint(tmp_path):
     fresh = config(str(other / "weights.ckpt"))
     prepare_loggers(fresh, "fit")
     assert [lg.init_args.get("version", lg.init_args.get("id")) for lg in fresh.trainer.logger] == [None, None]
+
+
+def test_restarted_torchrun_job_resumes_the_newest_last_checkpoint_of_its_own_job(tmp_path):
+    """torchrun restarts the worker group: ``fit`` resumes the newest ``last.ckpt`` whose identity names this job
+    (``TORCHELASTIC_RUN_ID``), never another job's newer one; an explicit ``--ckpt_path`` wins."""
+    root = tmp_path / "run"
+    saved = {"version_0": "job-a", "version_1": "job-b", "version_2": "job-a", "version_3": "none"}
+    for version, job in saved.items():  # written in this order: version_3 is the newest file
+        (root / version / "checkpoints").mkdir(parents=True)
+        identity = {"tensorboard_version": version, "wandb_id": f"w{version[-1]}", "torchrun_job": job}
+        torch.save({"callbacks": {"TrackingConfigCallback": identity}}, root / version / "checkpoints" / "last.ckpt")
+        time.sleep(0.01)  # distinct modification times
+
+    def config(ckpt_path=None):
+        loggers = [
+            Namespace(class_path="app.loggers.TensorBoardLogger", init_args=Namespace(version=None)),
+            Namespace(class_path="app.loggers.WandbLogger", init_args=Namespace(id=None, group=None)),
+        ]
+        trainer = Namespace(logger=loggers, num_nodes=1, default_root_dir=str(root))
+        return Namespace(trainer=trainer, ckpt_path=ckpt_path)
+
+    def launch(job, restart):
+        return detect({"TORCHELASTIC_RUN_ID": job, "TORCHELASTIC_RESTART_COUNT": str(restart), "WORLD_SIZE": "2"})
+
+    restarted = config()
+    assert resume_torchrun_job(restarted, "fit", launch("job-a", 1)) == root / "version_2/checkpoints/last.ckpt"
+    prepare_loggers(restarted, "fit")
+    tb, wb = restarted.trainer.logger
+    assert (restarted.ckpt_path, tb.init_args.version, wb.init_args.id) == (
+        str(root / "version_2/checkpoints/last.ckpt"),
+        "version_2",
+        "w2",
+    )
+    assert resume_torchrun_job(config(), "fit", launch("job-c", 1)) is None  # nothing of this job: a fresh start
+    assert resume_torchrun_job(config("given.ckpt"), "fit", launch("job-a", 1)) is None  # --ckpt_path wins
+    # torchrun's default --rdzv-id is "none" for every job: only a restart of it resumes
+    assert resume_torchrun_job(config(), "fit", launch("none", 0)) is None
+    assert resume_torchrun_job(config(), "fit", launch("none", 1)) == root / "version_3/checkpoints/last.ckpt"
+    assert resume_torchrun_job(config(), "validate", launch("job-a", 1)) is None

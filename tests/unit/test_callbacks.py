@@ -140,9 +140,10 @@ def test_isolated_nonfinite_loss_is_tolerated(mnist_dir, tmp_path):
             if batch_idx == self.start:
                 batch[0].fill_(float("nan"))
 
-    seed_everything(0)  # (another init can overflow fp16 at the first step too: a second, legitimate skip)
+    seed_everything(0)
     amp = AMPHealth(max_nonfinite_steps=2)
-    trainer = trainer_for(tmp_path, [OneNaN(start=1), amp], plugins=[MixedPrecision("16-mixed", "cpu")])
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)  # low enough that only the NaN batch overflows
+    trainer = trainer_for(tmp_path, [OneNaN(start=1), amp], plugins=[MixedPrecision("16-mixed", "cpu", scaler)])
     trainer.fit(per_step_model(), mnist(mnist_dir))  # the scaler skips the NaN step; training goes on
     assert trainer.global_step == 6 and amp.skipped_steps == 1
     assert all(torch.isfinite(p).all() for p in trainer.lightning_module.parameters())

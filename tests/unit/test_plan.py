@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from dataclasses import replace
 
 import pytest
 
 from app.cli import main
 from app.launch.checks import launch_problems
-from app.launch.env import detect, expand_nodelist, split_local_rank
+from app.launch.env import detect, expand_nodelist, split_local_rank, torchrun_node_range
 from app.launch.plan import Plan
 from app.launch.preflight import PreflightError, build
 from app.slurm import resolve_config
@@ -94,6 +97,34 @@ def test_torchrun_nproc_per_node_must_equal_devices(config_of):
     (problem,) = problems(config_of("--trainer.devices", "1"), TORCHRUN_2)
     assert "--nproc_per_node 2" in problem and "--trainer.devices 2" in problem
     assert problems(config_of("--trainer.devices", "2"), TORCHRUN_2) == []
+
+
+def test_elastic_torchrun_node_range_takes_the_world_from_the_launcher(config_of):
+    """``torchrun --nnodes 1:2 --max-restarts 3`` started 1 node this round: trainer.num_nodes=2 is not a mistake."""
+    env = {**TORCHRUN_2, "TORCHELASTIC_RESTART_COUNT": "1", "TORCHELASTIC_MAX_RESTARTS": "3"}
+    config = config_of("--trainer.devices", "2", "--trainer.num_nodes", "2", "--trainer.accelerator", "cpu")
+    (problem,) = problems(config, env)  # a fixed --nnodes must match the config
+    assert "(--nnodes 1) but trainer.num_nodes=2" in problem
+    plan = build(config, launch=replace(detect(env), node_range=(1, 2)))
+    assert plan.problems == [] and plan.num_nodes == 1 and plan.launched_world_size == 2
+    text = plan.render()
+    assert "torchrun, job abc (restart 1)" in text and "restart 1 of at most 3: when a worker dies" in text
+    assert "--nnodes 1:2, 1 node(s) this round (world size from WORLD_SIZE)" in text
+    assert "1 node(s) x 2 process(es) = world size 2" in text
+
+
+@pytest.mark.parametrize(("nnodes", "expected"), [("1:2", (1, 2)), ("2", None), ("2:2", None)])
+def test_the_node_range_is_read_from_the_agents_command_line(nnodes, expected):
+    # a real process whose command line is a torchrun command, read through /proc as a worker reads its agent's
+    torchrun_args = ["torch.distributed.run", "--nnodes", nnodes, "--nproc_per_node", "2", "cli.py", "fit"]
+    waits = [sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.read()"]
+    agent = subprocess.Popen([*waits, *torchrun_args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        agent.stdout.readline()  # its command line is readable once it runs (empty while exec is in progress)
+        assert torchrun_node_range(agent.pid) == expected
+    finally:
+        agent.communicate(timeout=30)
+    assert torchrun_node_range() is None  # pytest's parent is no torchrun agent
 
 
 def test_rendezvous_host_that_does_not_resolve(config_of):

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from tests.conftest import run_cli
+from tests.wandb_reader import tensorboard_scalars
 
 
 def resolved(config: str) -> dict:
@@ -67,6 +68,10 @@ def test_tutorial_mnist_trains_on_two_processes_and_each_rank_prints_its_epoch_l
     assert sorted(losses) == ["0", "1"], result.stdout[-3000:]
     # each rank's own batches (5 steps from a random start: about ln 10 = 2.3), not a shared average
     assert all(1.0 < float(v) < 3.0 for v in losses.values()) and losses["0"] != losses["1"]
+    # train/loss_epoch is over both ranks' batches (the classifier's one all-reduce at the epoch's end): with equal
+    # batches on both ranks, the mean of the two ranks' own epoch losses
+    (epoch_loss,) = tensorboard_scalars(tmp_path / "version_0")["train/loss_epoch"]
+    assert epoch_loss[1] == pytest.approx((float(losses["0"]) + float(losses["1"])) / 2, rel=1e-4)
 
 
 @pytest.mark.slow

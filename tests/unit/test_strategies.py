@@ -25,7 +25,7 @@ from tests.conftest import fast_trainer
         ("dp", DataParallelStrategy, {}),
         ("allreduce", AllReduceStrategy, {"bucket_cap_mb": 25.0, "overlap": False, "compression": "none"}),
         ("allreduce_per_param", AllReduceStrategy, {"bucket_cap_mb": 0}),
-        ("allreduce_overlap", AllReduceStrategy, {"overlap": True}),
+        ("allreduce_overlap", AllReduceStrategy, {"overlap": True, "bucket_cap_mb": 5.0}),
         ("allreduce_fp16", AllReduceStrategy, {"compression": "fp16"}),
         ("allreduce_bf16", AllReduceStrategy, {"compression": "bf16"}),
         ("ddp_mp", DDPModelParallelStrategy, {"devices_per_process": 2}),

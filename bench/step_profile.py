@@ -1,12 +1,13 @@
 """Where the milliseconds of a short training step go: ``python -m bench.step_profile``.
 
 One process, one CPU thread, ``mnist_cnn`` on synthetic in-memory batches (the short CNN step of
-``bench/step_time.py``). First the wall time per step of a plain PyTorch loop and of the app (Lightning's ``Trainer``,
-the app's ``ImageClassifier`` and the default config's per-step callbacks, no logger), in alternating rounds; then one
-run of each under ``cProfile``, whose cumulative times are sorted into what a step does: the model's forward,
-backward, the optimizer, the classifier's metrics, ``self.log`` (Lightning's result bookkeeping), each app callback,
-and Lightning's loop itself (the rest of ``_TrainingEpochLoop.advance``). cProfile charges every Python call, so its
-milliseconds are larger than the wall times: read them against each other.
+``bench/step_time.py``). First the wall time per step, in alternating rounds, of a plain PyTorch loop, of Lightning
+alone (the same network in a minimal LightningModule, a Trainer without callbacks) and of the app (Lightning's
+``Trainer``, the app's ``ImageClassifier`` and the default config's per-step callbacks, no logger); then one run of
+the plain loop and of the app under ``cProfile``, whose cumulative times are sorted into what a step does: the
+model's forward, backward, the optimizer, the classifier's metrics, ``self.log`` (Lightning's result bookkeeping),
+each app callback, and Lightning's loop itself (the rest of ``_TrainingEpochLoop.advance``). cProfile charges every
+Python call, so its milliseconds are larger than the wall times: read them against each other.
 Writes ``bench/results/step_profile.{json,md}``.
 """
 
@@ -98,6 +99,36 @@ def app_steps(model: Any, data: list, workdir: str, profile: cProfile.Profile | 
     return (clock.starts[-1] - clock.starts[1]) / (len(clock.starts) - 2)
 
 
+def bare_steps(model: Any, data: list, workdir: str) -> float:
+    """Seconds per step of Lightning alone: the same network in a minimal LightningModule (forward, loss, SGD; no
+    logging, no metrics) and a Trainer without callbacks: what Lightning's loop costs before the app adds anything."""
+    from lightning.pytorch import LightningModule, Trainer
+
+    from bench.common import batch_clock
+    from bench.step_time import Batches
+
+    class Bare(LightningModule):
+        def __init__(self, net: torch.nn.Module) -> None:
+            super().__init__()
+            self.net = net
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return F.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
+
+    clock = batch_clock("cpu")
+    trainer = Trainer(
+        accelerator="cpu", devices=1, max_epochs=1, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=workdir,
+        callbacks=[clock],
+    )  # fmt: skip
+    trainer.fit(Bare(copy.deepcopy(model.net)), train_dataloaders=Batches(data))
+    return (clock.starts[-1] - clock.starts[1]) / (len(clock.starts) - 2)
+
+
 def breakdown(profile: cProfile.Profile, steps: int, loop: bool) -> dict[str, float]:
     """Milliseconds per step (under cProfile) per row; the app's callbacks each get a row. ``self.log`` (and
     ``log_dict``) is its own row: its time is taken out of the classifier's and the callbacks' rows that call it."""
@@ -147,8 +178,10 @@ def markdown(results: dict[str, Any]) -> str:
         f"Settings: 1 process x 1 thread, mnist_cnn, batch {s['batch_size']}, {s['steps']} steps per run, "
         f"{s['rounds']} alternating rounds; the app with the default config's per-step callbacks, no logger.",
         "",
-        f"Wall time per step (median over rounds): plain {wall['plain_ms']:.2f} ms, app {wall['app_ms']:.2f} ms, "
-        f"ratio {wall['ratio']:.3f} (median of the per-round ratios).",
+        f"Wall time per step (median over rounds): plain loop {wall['plain_ms']:.2f} ms; Lightning alone (a minimal "
+        f"LightningModule, no callbacks) {wall['lightning_ms']:.2f} ms; the app {wall['app_ms']:.2f} ms. Ratios "
+        f"(medians of the per-round ratios): Lightning alone / plain {wall['lightning_ratio']:.3f}, app / plain "
+        f"{wall['ratio']:.3f}, app / Lightning alone {wall['app_over_lightning']:.3f}.",
         "",
         "Under cProfile (ms per step; every Python call is charged, so the figures are inflated: compare rows):",
         "",
@@ -183,14 +216,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     data = batches(args.steps + 1, args.batch_size)
     with tempfile.TemporaryDirectory(prefix="step-profile-") as workdir:
         app_steps(model, data[:5], workdir)  # warm-up: imports, first-call costs
-        rounds = [(plain_steps(model, data), app_steps(model, data, workdir)) for _ in range(args.rounds)]
+        rounds = [
+            (plain_steps(model, data), app_steps(model, data, workdir), bare_steps(model, data, workdir))
+            for _ in range(args.rounds)
+        ]
         profiles = {"plain": cProfile.Profile(), "app": cProfile.Profile()}
         plain_steps(model, data, profiles["plain"])
         app_steps(model, data, workdir, profiles["app"])
     wall = {
-        "plain_ms": statistics.median(p for p, _ in rounds) * 1e3,
-        "app_ms": statistics.median(a for _, a in rounds) * 1e3,
-        "ratio": statistics.median(a / p for p, a in rounds),
+        "plain_ms": statistics.median(p for p, _, _ in rounds) * 1e3,
+        "app_ms": statistics.median(a for _, a, _ in rounds) * 1e3,
+        "lightning_ms": statistics.median(b for _, _, b in rounds) * 1e3,
+        "ratio": statistics.median(a / p for p, a, _ in rounds),
+        "lightning_ratio": statistics.median(b / p for p, _, b in rounds),
+        "app_over_lightning": statistics.median(a / b for _, a, b in rounds),
     }
     profile = {kind: breakdown(p, args.steps, kind == "app") for kind, p in profiles.items()}
     settings = {"steps": args.steps, "rounds": args.rounds, "batch_size": args.batch_size, "command": command}

@@ -187,3 +187,17 @@ def test_mnist_time_to_accuracy_smoke(mnist_dir, tmp_path):
     assert "| app | configs/mnist.yaml: mnist_fast, SGD, batch 128, 1 epochs" in table
     assert "| pytorch_example | pytorch/examples mnist" in table and table.count("| not in 1 | - | - |") == 2
     _valid_png(tmp_path / "mnist_time_to_accuracy.png")
+
+
+def test_step_profile_smoke(tmp_path):
+    """Its code path at tiny settings: the three wall times, every profile row, the results files."""
+    from bench import step_profile
+
+    results = step_profile.main(["--steps", "6", "--rounds", "1", "--out", str(tmp_path)])
+    wall = results["wall"]
+    assert all(wall[k] > 0 for k in ("plain_ms", "lightning_ms", "app_ms", "ratio", "app_over_lightning"))
+    app_rows = results["profile"]["app"]
+    assert {"forward (model)", "backward", "self.log (Lightning's bookkeeping)", "callback amp"} <= set(app_rows)
+    assert app_rows["total"] > app_rows["forward (model)"] > 0
+    written = json.loads((tmp_path / "step_profile.json").read_text())
+    assert written["wall"] == pytest.approx(wall) and (tmp_path / "step_profile.md").read_text().startswith("# Where")

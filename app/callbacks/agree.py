@@ -1,10 +1,10 @@
 """The ranks agree on host-side events ("a signal arrived on some rank") without a blocking collective per step.
 
-At the end of every training batch each rank starts one tiny asynchronous all-reduce of its watched flags, on CPU
-tensors over a gloo group (the default group when it is gloo, else one gloo group made for this), and at the end of
-the next batch it waits for that reduction (long finished: every rank started it a step earlier) and acts on it. So
-every rank acts at the same step, one step after the event, and no step waits on the network or drains the device
-queue for it (``bench/step_time.py``, ``app_ddp_callbacks``). With one process the flags are read directly, at once.
+When a training batch starts, each rank starts one tiny asynchronous all-reduce of its watched flags, on CPU tensors
+over a gloo group (the default group when it is gloo, else one gloo group made for this); when the batch ends, it
+waits for that reduction (it ran while the step computed) and acts on it. So every rank acts at the end of the same
+step, on the flags of that step's start, and no step waits on the network or drains the device queue for it
+(``bench/step_time.py``, ``app_ddp_callbacks``). With one process the flags are read directly, at the batch's end.
 
 The watched values and the pending reduction belong to the run: an :class:`Agreement` kept on the Trainer, which
 every callback of that Trainer reaches through these functions (the callbacks themselves hold no share of it, so
@@ -31,40 +31,52 @@ class Agreement:
         # config), so every rank lays the vector out alike.
         self.sources: dict[str, Callable[[], bool]] = {}
         self.agreed: tuple[int, dict[str, bool]] | None = None  # the answer acted on at a batch: (batch, values)
-        self.pending: tuple[list[str], torch.Tensor, Any] | None = None  # (names, tensor, work) started last batch
+        self.pending: tuple[int, list[str], torch.Tensor, Any] | None = None  # (batch, names, tensor, work)
         self.group: Any = None
+
+    def start(self, trainer: Trainer) -> None:
+        """At a training batch's start: every rank's flags go into an asynchronous all-reduce (once per batch)."""
+        if not self._distributed(trainer) or not self.sources:
+            return
+        batch = trainer.fit_loop.total_batch_idx
+        if self.pending is not None:
+            if self.pending[0] == batch:
+                return
+            self.wait()  # an earlier batch's, never asked for: collected first, so the order stays the same
+        names = list(self.sources)
+        flags = torch.tensor([float(bool(self.sources[n]())) for n in names])  # CPU: no device queue involved
+        self.pending = (batch, names, flags, dist.all_reduce(flags, group=self._group(), async_op=True))
 
     def any_rank(self, trainer: Trainer, name: str) -> bool:
         batch = trainer.fit_loop.total_batch_idx
         if self.agreed is None or self.agreed[0] != batch:
-            self.agreed = (batch, self._advance(trainer))
+            if not self._distributed(trainer):
+                values = {n: bool(read()) for n, read in self.sources.items()}
+            elif self.pending is not None and self.pending[0] == batch:
+                values = self.wait()
+            else:
+                values = {}  # nothing was started at this batch's start (the watch began during the batch)
+            self.agreed = (batch, values)
         return self.agreed[1].get(name, False)
 
-    def _advance(self, trainer: Trainer) -> dict[str, bool]:
-        """The answer for this batch (the reduction started at the previous one) and the start of the next one."""
-        if trainer.world_size == 1 or not dist.is_available() or not dist.is_initialized():
-            return {name: bool(read()) for name, read in self.sources.items()}
-        answer = self.wait()
-        names = list(self.sources)
-        if names:
-            flags = torch.tensor([float(bool(self.sources[n]())) for n in names])  # CPU: no device queue involved
-            self.pending = (names, flags, dist.all_reduce(flags, group=self._group(), async_op=True))
-        return answer
+    @staticmethod
+    def _distributed(trainer: Trainer) -> bool:
+        return trainer.world_size > 1 and dist.is_available() and dist.is_initialized()
 
     def wait(self) -> dict[str, bool]:
         """Waits for the reduction in flight, if any, and returns its values (also before the run ends, so that no
         collective is left running when the process group is destroyed)."""
         if self.pending is None:
             return {}
-        names, flags, work = self.pending
+        _, names, flags, work = self.pending
         self.pending = None
         work.wait()
         return {n: v > 0 for n, v in zip(names, flags.tolist(), strict=True)}
 
     def _group(self) -> Any:
         """None (the default group) when it is gloo, else a gloo group made once for this (every rank gets here at
-        the end of the same, first, batch, so new_group's collective lines up). No reference to the default group is
-        kept: destroy_process_group() at the process's end must drop the last one, so that the group's destructor
+        the start of the same, first, batch, so new_group's collective lines up). No reference to the default group
+        is kept: destroy_process_group() at the process's end must drop the last one, so that the group's destructor
         joins gloo's worker threads while Python is still alive (``app.launch.group``)."""
         if dist.get_backend() == "gloo":
             return None
@@ -102,9 +114,14 @@ def unwatch(trainer: Trainer, name: str, finished: bool = True) -> None:
         shared.group = None  # (the same reason as in Agreement._group: the run's end must not keep a group alive)
 
 
+def start(trainer: Trainer) -> None:
+    """Starts this training batch's agreement (call from ``on_train_batch_start``; the first call of a batch does)."""
+    agreement(trainer).start(trainer)
+
+
 def any_rank(trainer: Trainer, name: str) -> bool:
     """Whether the watched ``name`` was true on any rank, as agreed at this training batch: the flags every rank read
-    at the end of the previous batch (so all ranks see the same answer at the same step), or at once with one process.
-    The first callback to ask in a batch advances the agreement; the others asking in the same batch read its answer.
+    when the batch started (so all ranks see the same answer at the same step), or at once with one process. The
+    first callback to ask in a batch collects the agreement; the others asking in the same batch read its answer.
     """
     return agreement(trainer).any_rank(trainer, name)

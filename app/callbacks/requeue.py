@@ -17,7 +17,7 @@ class SLURMRequeue(Callback):
     one rank then enters the checkpoint's collectives while another waits in backward's all-reduce, and the job hangs
     until the process-group timeout (seen here; Lightning#21406). So this handler only records the signal; after each
     training batch the ranks agree whether any of them got it (``app.callbacks.agree``: one asynchronous all-reduce
-    per step for all such checks, read one step later), and then all of them run
+    per step for all such checks, started when the step starts and read when it ends), and then all of them run
     Lightning's own routine together: finalize the loggers, write ``hpc_ckpt_N.ckpt``, and rank 0 calls
     ``scontrol requeue``. The requeued job resumes from that checkpoint as before. Does nothing outside SLURM.
     """
@@ -39,6 +39,10 @@ class SLURMRequeue(Callback):
 
     def _record(self, signum, frame) -> None:
         self._requested = True
+
+    def on_train_batch_start(self, trainer: Trainer, *args) -> None:
+        if self._signum is not None:
+            agree.start(trainer)
 
     def on_train_batch_end(self, trainer: Trainer, *args) -> None:
         if self._signum is None:

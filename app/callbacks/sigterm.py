@@ -22,8 +22,9 @@ class SIGTERMCheckpoint(Callback):
     to be: a rank interrupted in backward's all-reduce and one in the data loader then pair up the wrong collectives
     and the DDP job hangs (the same failure as the in-handler SLURM checkpoint, see :class:`SLURMRequeue`); and it
     saves nothing. This handler only records the signal. After each training batch the ranks agree whether any of them
-    got it (``app.callbacks.agree``: an asynchronous all-reduce per step, shared with the other such checks and read
-    one step later, so a signal to one rank stops all of them at the same step), then all of them save the checkpoint
+    got it (``app.callbacks.agree``: an asynchronous all-reduce started when the step starts and read when it ends,
+    shared with the other such checks, so a signal to one rank stops all of them at the same step), then all of them
+    save the checkpoint
     together and raise Lightning's ``SIGTERMException`` (a ``SystemExit``: loggers are finalized, no traceback).
     ``--ckpt_path last`` resumes at the same global step.
 
@@ -69,8 +70,12 @@ class SIGTERMCheckpoint(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._install(trainer)
 
+    def on_train_batch_start(self, trainer: Trainer, *args) -> None:
+        if self._watching:
+            agree.start(trainer)
+
     def on_train_batch_end(self, trainer: Trainer, *args) -> None:
-        if not agree.any_rank(trainer, "sigterm"):
+        if not self._watching or not agree.any_rank(trainer, "sigterm"):
             return
         ckpt = trainer.checkpoint_callback
         folder = Path(ckpt.dirpath if ckpt is not None and ckpt.dirpath else trainer.default_root_dir)

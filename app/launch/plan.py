@@ -153,8 +153,8 @@ class Plan:
         per_node = launch.tasks_per_node or self.devices
         lines = [
             f"launcher     {LAUNCHER_NAMES[launch.launcher]}"
-            + (f", job {launch.job_id} (restart {launch.restart_count})" if launch.job_id else "")
-            + (" (started by python -m torch.distributed.launch, deprecated)" if launch.legacy_launch else ""),
+            + (" (started by python -m torch.distributed.launch, deprecated)" if launch.legacy_launch else "")
+            + (f", job {launch.job_id} (restart {launch.restart_count})" if launch.job_id else ""),
             *([self._elastic()] if launch.max_restarts or launch.node_range else []),
             f"layout       {nodes} node(s) x {per_node} process(es) = world size {self.launched_world_size}; "
             f"strategy {self.strategy}, accelerator {self.accelerator}, precision {self.precision}",

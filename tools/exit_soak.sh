@@ -14,7 +14,7 @@ for i in $(seq 1 "$n"); do
   $python cli.py fit --config configs/imagenet.yaml --data.data_dir "$dir/imagenet" --data.image_size 32 \
     --data.global_batch_size 4 --data.num_workers 0 --model.arch resnet18 --trainer.accelerator cpu \
     --trainer.devices 2 --trainer.strategy ddp --trainer.max_epochs 1 --trainer.num_sanity_val_steps 0 \
-    --trainer.enable_progress_bar false --trainer.logger lightning.pytorch.loggers.CSVLogger \
+    --trainer.enable_progress_bar false --trainer.logger lightning.pytorch.loggers.CSVLogger --trainer.logger.save_dir "$dir/run" \
     --trainer.default_root_dir "$dir/run" >"$dir/run_$i.log" 2>&1
   rc=$?
   if [ $rc -ne 0 ] || grep -q "terminate called" "$dir/run_$i.log"; then

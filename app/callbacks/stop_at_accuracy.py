@@ -11,7 +11,8 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 from lightning.pytorch.utilities import rank_zero_info
-from lightning.pytorch.utilities.data import extract_batch_size
+
+from app.callbacks.throughput import batch_size
 
 
 def as_fraction(target: float | None) -> float | None:
@@ -59,7 +60,7 @@ class StopAtAccuracy(EarlyStopping):
         self._started = time.perf_counter()
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
-        self.samples_seen += extract_batch_size(batch) * trainer.world_size
+        self.samples_seen += batch_size(batch) * trainer.world_size
 
     def _wall_time(self) -> float:
         return self.elapsed_s + (time.perf_counter() - self._started if self._started is not None else 0.0)

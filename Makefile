@@ -1,12 +1,14 @@
 # `make demo`: set up and train MNIST with the default config, then print the official test-set accuracy.
 # `make test`: set up and run the whole test suite.
+# `make docs`: build the documentation site into site/ (strict: a broken link or anchor fails); `make docs-serve`.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test lint clean slurm-up slurm-down update-pins gpu-wheels gpu-check test-compat
+.PHONY: venv demo test lint clean slurm-up slurm-down update-pins gpu-wheels gpu-check test-compat docs docs-serve \
+	docs-screenshots
 
 # The tested set of every package (constraints.txt), so that `make test` tomorrow installs what passed today.
 $(STAMP): setup.cfg pyproject.toml constraints.txt
@@ -51,8 +53,25 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# The documentation site (mkdocs.yml, docs/). --strict with mkdocs.yml's `validation`: a broken link or anchor, a
+# missing bench/results file or a page left out of the nav fails the build. NO_MKDOCS_2_WARNING: mkdocs-material's
+# banner about MkDocs 2.0, printed on every build, says nothing about this site.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
+DOCS_PORT ?= 8000
+
+docs: venv
+	$(MKDOCS) build --strict
+
+docs-serve: venv
+	$(MKDOCS) serve --strict --dev-addr 127.0.0.1:$(DOCS_PORT)
+
+# One PNG per page (and per section worth a look) of the built site, taken with Debian's headless `chromium`
+# (apt-get install chromium), into docs-screenshots/ (gitignored): tools/docs_screenshots.py.
+docs-screenshots: docs
+	$(BIN)/python tools/docs_screenshots.py --site site --out docs-screenshots
+
 clean:
-	rm -rf $(VENV) runs lightning_logs
+	rm -rf $(VENV) runs lightning_logs site docs-screenshots
 
 # --- GPU machine (bench/gpu_check.py) -------------------------------------------------------------------------------
 # The target image has Python 3.12 with torch, torchvision, lightning, torchmetrics, tensorboard and rich, no network.

@@ -65,8 +65,8 @@ docs: venv
 docs-serve: venv
 	$(MKDOCS) serve --strict --dev-addr 127.0.0.1:$(DOCS_PORT)
 
-# One PNG per page (and per section worth a look) of the built site, taken with Debian's headless `chromium`
-# (apt-get install chromium), into docs-screenshots/ (gitignored): tools/docs_screenshots.py.
+# Every page of the built site, whole, in PNG tiles (NN-page-K.png), taken with Debian's headless `chromium`
+# (apt-get install chromium) into docs-screenshots/ (gitignored): tools/docs_screenshots.py. Look at them.
 docs-screenshots: docs
 	$(BIN)/python tools/docs_screenshots.py --site site --out docs-screenshots
 

@@ -148,3 +148,22 @@ def test_default_callbacks_train_without_a_host_sync_between_logging_steps(mnist
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert trainer.global_step == 24 and guard.checked >= 18
+
+
+@requires_cuda(1)
+def test_dp_replica_step_makes_no_blocking_copy():
+    """Each replica's step under dp: its batch size was a blocking host-to-device copy (``new_tensor([n])``)."""
+    import contextlib
+
+    from app.strategies.dp import StepDispatcher
+
+    model = ImageClassifier(arch="mnist_fast").cuda()
+    dispatcher = StepDispatcher(model, contextlib.nullcontext)
+    batch = (torch.randn(8, 1, 28, 28, device="cuda"), torch.randint(0, 10, (8,), device="cuda"))
+    dispatcher("training_step", batch)  # the first call may initialise cuDNN/cuBLAS
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = dispatcher("training_step", batch)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert out["batch_size"].device == batch[1].device and out["batch_size"].tolist() == [8.0]

@@ -141,7 +141,9 @@ def test_default_callbacks_train_without_a_host_sync_between_logging_steps(mnist
             torch.cuda.set_sync_debug_mode(0)
 
     guard = SyncGuard()
-    callbacks = [AMPHealth(), Throughput(), SLURMRequeue(), RNGState(), SIGTERMCheckpoint(), LostRank(), guard]
+    # the guard first: Lightning calls callbacks in list order, so it resets before AMPHealth's allowed epoch-end read
+    # (24 steps end on a non-logging step: last, the guard reported that read as a sync)
+    callbacks = [guard, AMPHealth(), Throughput(), SLURMRequeue(), RNGState(), SIGTERMCheckpoint(), LostRank()]
     trainer = _trainer(tmp_path, max_steps=24, limit_val_batches=0, log_every_n_steps=10, callbacks=callbacks)
     try:
         trainer.fit(ImageClassifier(arch="mnist_fast"), MNISTDataModule(data_dir=str(mnist_dir), batch_size=64))

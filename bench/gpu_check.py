@@ -116,7 +116,7 @@ TWO_NODES = [  # 2 processes on the one GPU: gloo with CUDA tensors
     ("mode allreduce (2 processes, gloo)", ["--config", str(ROOT / "configs/strategy/allreduce.yaml")]),
 ]
 PAIR_BOX_S = 25  # per fit of the pair
-COMPILE = ("compile", ["--model.compile", "true"], 100, "torch.compile (inductor) of resnet18, then training",
+COMPILE = ("compile", ["--model.compile", "true"], 130, "torch.compile (inductor) of resnet18, then training",
            "torch.compile on a CPU needs a C++ toolchain and minutes")  # fmt: skip
 
 
@@ -393,12 +393,12 @@ def compiled(ctx: Context) -> list[dict]:
     return _missing([item], ctx.rows_path, ctx.workdir, "compile", proc)
 
 
-BENCH_BOX_S = 270
+BENCH_BOX_S = 240
 
 
 def bench_gpu(ctx: Context) -> list[dict]:
     """``bench.gpu``: it writes its results after each configuration, so a cut run keeps the finished ones."""
-    args = ["--smoke", "--configs", "bf16 channels_last"] if CPU else ["--skip-mnist", "--budget-s", "200"]
+    args = ["--smoke", "--configs", "bf16 channels_last"] if CPU else ["--skip-mnist", "--budget-s", "170"]
     command = [sys.executable, "-m", "bench.gpu", *args, "--out", str(ctx.out)]
     return [_subprocess_step("bench.gpu", command, box(BENCH_BOX_S))]
 

@@ -41,7 +41,13 @@ def photos(wheels: Path, dest: Path) -> None:
 
 
 def mnist(raw: Path) -> None:
-    """Gzips each MNIST file of ``raw`` that is not yet gzipped, checks it, then removes the raw file."""
+    """Gzips each MNIST file of ``raw`` that is not yet gzipped, checks it, then removes the raw file. Refuses a
+    folder reached through a link: the carry would travel as a link, and the files it points at may be shared."""
+    if raw.resolve() != raw.absolute():
+        sys.exit(
+            f"error: {raw} is reached through a link (to {raw.resolve()}): the carry needs a real folder. "
+            f"Fix: replace the link by a copy (e.g. `cp -rL data data.copy && rm data && mv data.copy data`)"
+        )
     for name in MNIST:
         source, target = raw / name, raw / f"{name}.gz"
         if not source.exists():

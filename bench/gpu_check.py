@@ -256,7 +256,7 @@ def world1_agreement(rows: list[dict]) -> dict[str, Any]:
         loss = (r.get("facts") or {}).get("train/loss")
         if r["step"].startswith("mode ") and "2 processes" not in r["step"] and loss is not None:
             groups.setdefault(SAME_BATCHES[mode], {})[r["step"]] = loss
-    row: dict[str, Any] = {"step": "world-1 modes end at the same loss", "facts": groups,
+    row: dict[str, Any] = {"step": "world-1 modes end at the same loss", "facts": groups, "seconds": 0.0,
                            "proves": "the strategies change nothing of the arithmetic at world size 1"}  # fmt: skip
     spreads = {
         group: (max(losses.values()) - min(losses.values())) / max(1e-12, abs(min(losses.values())))

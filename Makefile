@@ -75,26 +75,37 @@ clean:
 
 # --- GPU machine (bench/gpu_check.py) -------------------------------------------------------------------------------
 # The target image has Python 3.12 with torch, torchvision, lightning, torchmetrics, tensorboard and rich, no network.
-# `make gpu-wheels` (here, with network) downloads what it lacks into .gpu-wheels/ (cp312, manylinux x86_64), and the
-# test photos the loader benchmark cuts its JPEGs from (the image has no scikit-image/scikit-learn/matplotlib);
-# `make gpu-check` (there) installs them with --no-index into .gpu-site/ and runs the check with the image's python.
+# `make gpu-wheels` (here, with network; needs no .venv) downloads what it lacks into .gpu-wheels/ (cp312, manylinux
+# x86_64) and the test photos the loader benchmark cuts its JPEGs from (the image has no scikit-image/scikit-learn/
+# matplotlib: the photos are taken out of those packages' wheels), and gzips data/MNIST/raw for the carry (read_idx
+# reads .gz). `make gpu-check CALL=A` then `CALL=B` (there) install them with --no-index into .gpu-site/ (at most
+# 40 s: bench/gpu_check.py's INSTALL_BOX_S) and run one prepared call each with the image's python.
 # GPU_CHECK_CPU=1 runs the same check on the CPU at tiny sizes (CI); GPU_CHECK_OUT=DIR picks where results go.
 GPU_WHEELS := .gpu-wheels
 GPU_SITE := .gpu-site
 GPU_NEEDS := "jsonargparse[signatures]>=4.32" docstring-parser typeshed-client pytest
+GPU_PHOTO_WHEELS := scikit-image scikit-learn matplotlib
 GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+CALL ?= A
 
 gpu-wheels:
 	python3 -m pip download --dest $(GPU_WHEELS) --only-binary=:all: --python-version 3.12 --implementation cp \
 		--abi cp312 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 --platform any $(GPU_NEEDS)
-	$(BIN)/python -c "from bench.loader import export_photos; export_photos('$(GPU_WHEELS)/photos')"  # for bench.loader
+	python3 -m pip download --no-deps --dest $(GPU_WHEELS)/photo-wheels --only-binary=:all: --python-version 3.12 \
+		--implementation cp --abi cp312 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 \
+		$(GPU_PHOTO_WHEELS)
+	python3 tools/gpu_carry.py photos $(GPU_WHEELS)/photo-wheels $(GPU_WHEELS)/photos && rm -rf $(GPU_WHEELS)/photo-wheels
+	python3 tools/gpu_carry.py mnist data/MNIST/raw
+	du -sh $(GPU_WHEELS) data/MNIST/raw
 
 gpu-check:
+	@case "$(CALL)" in A|B) ;; *) echo "error: CALL=$(CALL): the prepared calls are CALL=A and CALL=B"; exit 2;; esac
 	@if ! $(GPU_PYTHON) -c "import jsonargparse, docstring_parser, typeshed_client, pytest" 2>/dev/null; then \
-		test -d $(GPU_WHEELS) || { echo "gpu-check: $(GPU_WHEELS)/ missing: run make gpu-wheels where there is network"; exit 1; }; \
-		$(GPU_PYTHON) -m pip install -q --no-index --find-links $(GPU_WHEELS) --target $(GPU_SITE) $(GPU_NEEDS) || exit 1; \
+		test -d $(GPU_WHEELS) || { echo "error: $(GPU_WHEELS)/ missing: run make gpu-wheels where there is network"; exit 1; }; \
+		timeout 40 $(GPU_PYTHON) -m pip install -q --no-index --find-links $(GPU_WHEELS) --target $(GPU_SITE) \
+			$(GPU_NEEDS) || { echo "error: the offline install of $(GPU_NEEDS) into $(GPU_SITE) failed"; exit 1; }; \
 	fi
-	PYTHONPATH=$(CURDIR)/$(GPU_SITE)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m bench.gpu_check
+	PYTHONPATH=$(CURDIR)/$(GPU_SITE)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m bench.gpu_check --call $(CALL)
 
 # --- The oldest supported versions: Python 3.12, torch 2.11, torchvision 0.26, lightning 2.6.6, no wandb -------------
 # torch 2.11 comes from PyPI as its CUDA build (its CUDA libraries included: ~4.7 GB in .venv-compat; with --no-deps

@@ -136,26 +136,44 @@ def run(count: int, rounds: int, image_size: int, uint8: bool, target: float, fo
     }
 
 
-def dataloader_rate(folder: Path, count: int, workers: int, batch_size: int, image_size: int = 224) -> dict[str, Any]:
-    """img/s of the real training loader (``ImageNetDataModule``, ``workers`` processes) over ``count`` generated
-    JPEGs in 10 class folders, after one warm-up batch (worker start-up excluded)."""
+def dataloader_rate(
+    folder: Path, count: int, workers: int, batch_size: int, batches: int, image_size: int = 224
+) -> dict[str, Any]:
+    """img/s of the real training loader (``ImageNetDataModule``, ``workers`` processes) in its steady state.
+
+    ``count`` JPEGs are generated, then hard-linked again and again into 10 class folders until an epoch holds
+    ``batches`` batches: the same files (from the page cache after their first read), so the generation time does not
+    grow with the length of the measurement. The clock starts once the batches that were already in flight when the
+    workers started (``workers x prefetch_factor``) have been taken, so the rate is that of batches made while
+    measured."""
     from datamodules.imagenet import ImageNetDataModule
 
-    for split, n in (("train", count), ("val", 10)):
-        paths = make_jpegs(folder / "flat" / split, n, seed=len(split))
-        for i, path in enumerate(paths):
-            (folder / split / f"class{i % 10}").mkdir(parents=True, exist_ok=True)
-            path.rename(folder / split / f"class{i % 10}" / path.name)
+    train, val = make_jpegs(folder / "flat", count), make_jpegs(folder / "flat_val", 10, seed=1)
+    for split, sources, total in (("train", train, batches * batch_size), ("val", val, len(val))):
+        for i in range(total):
+            target = folder / split / f"class{i % 10}"
+            target.mkdir(parents=True, exist_ok=True)
+            os.link(sources[i % len(sources)], target / f"{i:06d}.jpg")
     datamodule = ImageNetDataModule(str(folder), batch_size=batch_size, num_workers=workers, image_size=image_size)
     datamodule.setup("fit")
     loader = datamodule.train_dataloader()
-    batches = iter(loader)
-    next(batches)
-    start, images = time.perf_counter(), 0
-    for images_, _ in batches:
-        images += len(images_)
+    in_flight = workers * (loader.prefetch_factor or 2) if workers else 1
+    if batches < 2 * in_flight + 2:
+        least = 2 * in_flight + 2
+        sys.exit(f"error: --batches {batches} is too few to reach a steady state: at least {least} (twice the "
+                 f"{in_flight} batches in flight at the start, workers x prefetch_factor, and 2)")  # fmt: skip
+    stream = iter(loader)
+    for _ in range(in_flight):
+        next(stream)
+    start, images, measured = time.perf_counter(), 0, 0
+    for images_, _ in stream:
+        images, measured = images + len(images_), measured + 1
     seconds = time.perf_counter() - start
-    return {"workers": workers, "batch_size": batch_size, "images": images, "img_per_s": round(images / seconds, 1)}
+    return {
+        "workers": workers, "batch_size": batch_size, "unique_jpegs": count, "batches": batches,
+        "skipped_in_flight": in_flight, "measured_batches": measured, "images": images,
+        "img_per_s": round(images / seconds, 1),
+    }  # fmt: skip
 
 
 def markdown(results: dict[str, Any], command: str) -> str:
@@ -191,10 +209,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--dataloader-workers", type=int, default=None, help="instead: the real training loader's "
                         "img/s with this many workers (writes loader_dataloader.json)")  # fmt: skip
     parser.add_argument("--batch-size", type=int, default=256, help="with --dataloader-workers (256)")
+    parser.add_argument("--batches", type=int, default=120, help="with --dataloader-workers: batches in the epoch, "
+                        "the first workers x prefetch_factor not measured (120)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.dataloader_workers is not None:
         with tempfile.TemporaryDirectory(prefix="bench-loader-") as tmp:
-            result = dataloader_rate(Path(tmp), args.images, args.dataloader_workers, args.batch_size, args.image_size)
+            result = dataloader_rate(
+                Path(tmp), args.images, args.dataloader_workers, args.batch_size, args.batches, args.image_size
+            )
         result |= {"machine": machine(), "command": " ".join(["python -m bench.loader", *(argv or sys.argv[1:])])}
         write_json(args.out / "loader_dataloader.json", result)
         print(result)

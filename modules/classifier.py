@@ -20,6 +20,8 @@ from torchmetrics.classification import MulticlassAccuracy
 from app.logging_steps import is_logging_step
 from modules import zoo
 
+FP16_EPS = 1e-4  # the eps an optimizer gets under 16-true when its own is 0 in float16 (_fp16_safe_eps)
+
 
 class ImageClassifier(LightningModule):
     """Image classifier around a network from :mod:`modules.zoo`.
@@ -188,6 +190,20 @@ class ImageClassifier(LightningModule):
         probs = self(x).softmax(dim=-1)
         return {"pred": probs.argmax(dim=-1), "prob": probs}
 
+    def on_validation_start(self) -> None:
+        self._loss_metrics_in_fp32()
+
+    def on_test_start(self) -> None:
+        self._loss_metrics_in_fp32()
+
+    def _loss_metrics_in_fp32(self) -> None:
+        """16-true/bf16-true convert the whole module with ``module.to(dtype)``, which casts the ``MeanMetric`` sums
+        too: summed in half they stall (a loss wrong by 15% over MNIST's 10k test images in bf16; inf in fp16). Back
+        to fp32 after that conversion; the accuracies' states are integers, the training sums plain fp64 tensors."""
+        for metric in self.metrics.values():
+            if isinstance(metric, MeanMetric) and metric.mean_value.dtype != torch.float32:
+                metric.set_dtype(torch.float32)
+
     def on_validation_epoch_end(self) -> None:
         self._report_evaluated("val")
 
@@ -247,6 +263,7 @@ class ImageClassifier(LightningModule):
 
     def configure_optimizers(self):
         optimizer = self.optimizer_factory(self.parameters())
+        self._fp16_safe_eps(optimizer)
         reference = self.hparams.get("lr_reference_batch_size")
         if reference:
             global_batch = self.global_batch_size()
@@ -265,6 +282,24 @@ class ImageClassifier(LightningModule):
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": self.hparams.lr_scheduler_interval},
         }
+
+    def _fp16_safe_eps(self, optimizer: torch.optim.Optimizer) -> None:
+        """Under 16-true the optimizer's state and arithmetic are fp16, where Adam's default ``eps=1e-8`` is 0 and the
+        second moment underflows: the weights turn inf/NaN after one step. An ``eps`` below fp16's smallest normal
+        number becomes ``FP16_EPS``, said in one line."""
+        if self._trainer is None or self.trainer.precision != "16-true":
+            return
+        tiny = torch.finfo(torch.float16).tiny
+        groups = [g for g in optimizer.param_groups if isinstance(g.get("eps"), float) and g["eps"] < tiny]
+        if groups:
+            given = groups[0]["eps"]
+            for group in groups:
+                group["eps"] = FP16_EPS
+            rank_zero_warn(
+                f"16-true: {type(optimizer).__name__} eps={given:g} is 0 in float16 (the weights would turn "
+                f"inf/NaN after one step), so eps={FP16_EPS:g} is used (an eps of at least {tiny:.2g} is kept: "
+                "--model.optimizer.init_args.eps)"
+            )
 
     def _check_schedule_length(self, scheduler) -> None:
         """A per-step schedule with a fixed length (``LinearLR``'s ``total_iters``) must match the run's length."""

@@ -44,9 +44,15 @@ def join_this_attempt(strategy: Any, launch: Launch) -> None:
     timeout = strategy._timeout or default_pg_timeout
     store = dist.TCPStore(env.main_address, env.main_port, is_master=False, timeout=timeout)
     store = dist.PrefixStore(f"/worker/attempt_{launch.restart_count}", store)
-    device = strategy.root_device
-    kwargs = {"device_id": device} if device.type != "cpu" else {}
-    _init_dist_connection(env, backend(), store=store, timeout=timeout, **kwargs)
+    _init_dist_connection(env, backend(), store=store, timeout=timeout, **device_id_kwargs(strategy))
+
+
+def device_id_kwargs(strategy: Any) -> dict[str, Any]:
+    """``device_id`` for the process group, as the strategy's own ``setup_distributed`` would bind it: its root
+    device, none on CPU, none where the strategy says its process spans several devices (``process_group_device``:
+    ddp_mp's stages; bound to the first stage's GPU, NCCL refuses the later stages' tensors)."""
+    device = strategy.process_group_device if hasattr(strategy, "process_group_device") else strategy.root_device
+    return {"device_id": device} if device is not None and device.type != "cpu" else {}
 
 
 def apply_timeout(strategy: Any, seconds: float | None) -> None:

@@ -136,6 +136,11 @@ class DDPModelParallelStrategy(DDPStrategy):
     def root_device(self) -> torch.device:
         return self.stage_devices[0]
 
+    @property
+    def process_group_device(self) -> torch.device | None:
+        """The device the process group is bound to: none when this process spans several (``setup_distributed``)."""
+        return self.root_device if self.devices_per_process == 1 else None
+
     @override
     def model_to_device(self) -> None:
         assert self.model is not None

@@ -44,7 +44,8 @@ class StepDispatcher(nn.Module):
         with self._forward_context():
             if _splits_steps(self.module, step):
                 out = self.module.forward_step(*args[:1], **kwargs)
-                batch_size = out["target"].new_tensor([out["target"].shape[0]], dtype=torch.float32)
+                # filled on the device: new_tensor([n]) would be a blocking host-to-device copy in every replica
+                batch_size = torch.full((1,), out["target"].shape[0], dtype=torch.float32, device=out["target"].device)
                 return {**out, "loss": out["loss"].reshape(1), "batch_size": batch_size}
             out = getattr(self.module, step)(*args, **kwargs)
             # gather concatenates along dim 0: give scalars a dimension, so the gathered loss is a vector

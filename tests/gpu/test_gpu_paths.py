@@ -58,14 +58,27 @@ def test_rng_restore_with_fewer_visible_gpus_than_saved_states():
     assert torch.equal(torch.rand(3, device="cuda:0"), expected)
 
 
+class _Losses(Callback):
+    def __init__(self) -> None:
+        self.seen: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.seen.append(float(outputs["loss"]))
+
+
 @requires_cuda(1)
 @pytest.mark.parametrize("precision", ["16-true", "bf16-true"])
 def test_half_true_precisions_train_the_imagenet_datamodule(tmp_path, precision):
+    """With the default Adam: under 16-true its eps=1e-8 was 0 in fp16 and the weights NaN after one step."""
+    seed_everything(0)
     model = ImageClassifier(arch="resnet18", num_classes=10, in_channels=3)
-    trainer = _trainer(tmp_path, precision=precision)
-    trainer.fit(model, _synthetic())
+    losses = _Losses()
+    trainer = _trainer(tmp_path, precision=precision, max_steps=12, limit_val_batches=0, callbacks=[losses])
+    trainer.fit(model, _synthetic())  # 64 synthetic images: 8 batches an epoch, the same ones again after
     dtype = {"16-true": torch.float16, "bf16-true": torch.bfloat16}[precision]
-    assert trainer.global_step == 4 and next(model.parameters()).dtype == dtype
+    assert trainer.global_step == 12 and next(model.parameters()).dtype == dtype
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert sum(losses.seen[-4:]) < sum(losses.seen[:4]), losses.seen
 
 
 class _Devices(Callback):
@@ -128,10 +141,31 @@ def test_default_callbacks_train_without_a_host_sync_between_logging_steps(mnist
             torch.cuda.set_sync_debug_mode(0)
 
     guard = SyncGuard()
-    callbacks = [AMPHealth(), Throughput(), SLURMRequeue(), RNGState(), SIGTERMCheckpoint(), LostRank(), guard]
+    # the guard first: Lightning calls callbacks in list order, so it resets before AMPHealth's allowed epoch-end read
+    # (24 steps end on a non-logging step: last, the guard reported that read as a sync)
+    callbacks = [guard, AMPHealth(), Throughput(), SLURMRequeue(), RNGState(), SIGTERMCheckpoint(), LostRank()]
     trainer = _trainer(tmp_path, max_steps=24, limit_val_batches=0, log_every_n_steps=10, callbacks=callbacks)
     try:
         trainer.fit(ImageClassifier(arch="mnist_fast"), MNISTDataModule(data_dir=str(mnist_dir), batch_size=64))
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert trainer.global_step == 24 and guard.checked >= 18
+
+
+@requires_cuda(1)
+def test_dp_replica_step_makes_no_blocking_copy():
+    """Each replica's step under dp: its batch size was a blocking host-to-device copy (``new_tensor([n])``)."""
+    import contextlib
+
+    from app.strategies.dp import StepDispatcher
+
+    model = ImageClassifier(arch="mnist_fast").cuda()
+    dispatcher = StepDispatcher(model, contextlib.nullcontext)
+    batch = (torch.randn(8, 1, 28, 28, device="cuda"), torch.randint(0, 10, (8,), device="cuda"))
+    dispatcher("training_step", batch)  # the first call may initialise cuDNN/cuBLAS
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = dispatcher("training_step", batch)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert out["batch_size"].device == batch[1].device and out["batch_size"].tolist() == [8.0]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 import pytest
 
@@ -201,3 +202,18 @@ def test_step_profile_smoke(tmp_path):
     assert app_rows["total"] > app_rows["forward (model)"] > 0
     written = json.loads((tmp_path / "step_profile.json").read_text())
     assert written["wall"] == pytest.approx(wall) and (tmp_path / "step_profile.md").read_text().startswith("# Where")
+
+
+def test_gpu_check_steps_keep_the_inherited_pythonpath(monkeypatch, tmp_path):
+    """On the GPU image jsonargparse lives only in .gpu-site, on the PYTHONPATH `make gpu-check` sets: the no-sync
+    step's own PYTHONPATH replaced it and the app failed on import."""
+    from bench.common import ROOT
+    from bench.gpu_check import _subprocess_step
+
+    site = tmp_path / ".gpu-site"
+    (site / "only_in_gpu_site").mkdir(parents=True)
+    (site / "only_in_gpu_site" / "__init__.py").write_text("")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    code = "import only_in_gpu_site, bench.gpu_check; print('imported both')"
+    row = _subprocess_step("imports", [sys.executable, "-c", code], 60, {"PYTHONPATH": str(ROOT)})
+    assert row["status"] == "passed" and "imported both" in row["output"], row

@@ -75,6 +75,17 @@ def test_ddp_mp_without_enough_gpus_says_how_to_fix_it():
         _ = strategy.root_device
 
 
+def test_a_restarted_torchrun_attempt_binds_nccl_as_the_strategy_would():
+    """join_this_attempt forms the group before the strategy does: ddp_mp's stages span several GPUs, so no device_id
+    (bound to the first stage's GPU, NCCL refused the later stages' tensors); ddp binds its one GPU."""
+    from app.launch.rendezvous import device_id_kwargs
+
+    cuda0 = torch.device("cuda", 0)
+    assert device_id_kwargs(DDPModelParallelStrategy(devices_per_process=2, parallel_devices=[cuda0])) == {}
+    assert device_id_kwargs(DDPStrategy(parallel_devices=[cuda0])) == {"device_id": cuda0}
+    assert device_id_kwargs(DDPStrategy(parallel_devices=[torch.device("cpu")])) == {}
+
+
 def test_buckets_cover_every_parameter_once_in_reverse_order():
     params = [p for p in build("mnist_cnn", num_classes=10, in_channels=1).parameters()]
     per_param = AllReduceStrategy(bucket_cap_mb=0)._make_buckets(params)

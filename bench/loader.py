@@ -7,7 +7,8 @@ process with one thread reading, decoding and transforming each file exactly as 
 uint8 with ``--uint8`` as ``normalize_on_device`` does), with two decoders:
 
 - ``pil``: ``PIL.Image.open(...).convert("RGB")`` (the decoder torchvision's ImageFolder uses);
-- ``tensor``: ``torchvision.io.decode_jpeg`` (libjpeg-turbo) to a uint8 tensor, the transform then runs on tensors.
+- ``tensor``: TorchCodec's ``decode_jpeg`` (libjpeg-turbo) to a uint8 tensor, the transform then runs on tensors
+  (until issue 24: the deprecated ``torchvision.io.decode_jpeg``).
 
 The decoders alternate round by round (A B A B ...) so a change in machine load hits both alike; the result is the
 median over rounds of img/s, and the cores needed to feed a given rate (``--target``, 3,000 img/s: one H200's
@@ -75,13 +76,10 @@ def make_jpegs(folder: Path, count: int, size: tuple[int, int] = (500, 375), see
 
 
 def load(path: Path, decoder: str) -> Any:
-    """The image as the given decoder hands it to the transform."""
-    if decoder == "pil":
-        with open(path, "rb") as f:
-            return Image.open(f).convert("RGB")
-    from torchvision.io import ImageReadMode, decode_jpeg, read_file
+    """The image as the given decoder (``datamodules.decode``: ``pil``, or ``tensor`` = TorchCodec) hands it over."""
+    from datamodules.decode import decode, read
 
-    return decode_jpeg(read_file(str(path)), mode=ImageReadMode.RGB)
+    return decode(read(str(path)), "pil" if decoder == "pil" else "cpu")
 
 
 def rate(paths: list[Path], decoder: str, transform: Any) -> float:

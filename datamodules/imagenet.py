@@ -29,6 +29,7 @@ from torchvision.transforms import v2
 from app.errors import UserError
 from datamodules.base import ImageDataModule, Workers
 from datamodules.decode import DECODERS, Decoder, decode, decode_jpeg_tensor, min_side_for, read
+from datamodules.shards import PLAN, ShardDataset, is_shards, read_manifest
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -228,11 +229,27 @@ class ImageNetDataModule(ImageDataModule):
         self.num_classes = num_classes or len(folders) or NUM_CLASSES
 
     def _class_folders(self) -> list[str]:
+        if is_shards(self.data_dir):
+            return read_manifest(self.data_dir)["classes"]
         train = self.data_dir / "train"
         return sorted(p.name for p in train.iterdir() if p.is_dir()) if train.is_dir() else []
 
-    def _folder(self, split: str, train: bool) -> ImageFolderChecked:
+    def _folder(self, split: str, train: bool) -> ImageFolderChecked | ShardDataset:
         root = self.data_dir / split
+        if is_shards(self.data_dir):  # converted by `python -m datamodules.shards convert`: read the shards
+            return ShardDataset(
+                self.data_dir,
+                split,
+                self._transform(train),
+                decoder=self.hparams.decode,
+                min_side=min_side_for(self.hparams.image_size, train),
+                skip_unreadable=self.hparams.skip_unreadable,
+            )
+        if (self.data_dir / PLAN).is_file():
+            raise ImageNetDataError(
+                f"{self.data_dir.resolve()} is an unfinished shard conversion (no manifest.json): run the same "
+                "`python -m datamodules.shards convert` command again to finish it"
+            )
         if not self.data_dir.is_dir():
             raise ImageNetDataError(
                 f"data.data_dir {self.data_dir.resolve()} does not exist. Fix: --data.data_dir <the folder holding "
@@ -299,7 +316,8 @@ class ImageNetDataModule(ImageDataModule):
                     )
         train = getattr(self, "train_set", None)
         rank_zero_info(
-            f"ImageNet data ({'synthetic' if self.hparams.synthetic else self.data_dir}): "
+            f"ImageNet data ({'synthetic' if self.hparams.synthetic else self.data_dir}"
+            f"{', shards' if is_shards(self.data_dir) and not self.hparams.synthetic else ''}): "
             f"{len(train) if train is not None else '-'} training and {len(self.val_set)} validation images, "
             f"{self.num_classes} classes, {size}px, {self.batch_size} per device"
         )

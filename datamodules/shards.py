@@ -288,6 +288,8 @@ def convert(
         for number, order in enumerate(spec["shards"]):
             mine = number % num_tasks == task_index
             if mine and not _done(dst, split, number):
+                for stale in (dst / split).glob(f".shard-{number:05d}.*"):  # left by a killed run: redone from scratch
+                    stale.unlink()
                 job_spec = {"order": order, "files": spec["files"], "labels": spec["labels"]}
                 jobs.append((src, dst, split, number, vars(options), job_spec))
     total = sum(len(job[5]["order"]) for job in jobs)

@@ -251,8 +251,14 @@ def _finish(dst: Path, plan: dict[str, Any]) -> dict[str, Any] | None:
             skipped += meta["skipped"]
         index = np.concatenate(rows)
         order = np.argsort(index[:, SOURCE], kind="stable")  # the reader's order: the source's (ImageFolder)
-        np.save(dst / split / "index.npy", index[order])
-        (dst / split / "keys.txt").write_text("".join(f"{keys[i]}\n" for i in order))
+        # atomic, as every file here: two SLURM tasks finishing together both write these (the same bytes)
+        tmp = dst / split / f".index.npy.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            np.save(f, index[order])
+        os.replace(tmp, dst / split / "index.npy")
+        tmp = dst / split / f".keys.txt.{os.getpid()}.tmp"
+        tmp.write_text("".join(f"{keys[i]}\n" for i in order))
+        os.replace(tmp, dst / split / "keys.txt")
         splits[split] = {"images": int(len(index)), "source_images": spec["images"], "skipped": skipped}
         splits[split]["shards"] = shards
     manifest = {k: plan[k] for k in ("format", "version", "source", "options", "classes")}

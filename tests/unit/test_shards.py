@@ -227,3 +227,15 @@ def test_folder_and_shards_give_the_same_metrics(crops, converted, tmp_path):
 def test_reader_refuses_a_folder_that_is_not_converted(tmp_path):
     with pytest.raises(ShardsError, match="no manifest.json: an unfinished conversion"):
         ShardDataset(tmp_path, "train", transform=None)
+
+
+def test_bench_shards_smoke(tmp_path):
+    from bench import loader
+
+    result = loader.main(["--shards", "--images", "10", "--rounds", "1", "--fit-steps", "0", "--out", str(tmp_path)])
+    assert (tmp_path / "loader_shards.md").is_file() and json.loads((tmp_path / "loader_shards.json").read_text())
+    rows = {(r["source"], r["variant"], r["decoder"]): r for r in result["rows"]}
+    assert len(rows) == 12 and all(r["img_per_s_per_core"] > 0 for r in rows.values())
+    assert rows["large", "folder", "pil"]["files_opened_per_epoch"] == 10  # one open per image
+    assert rows["large", "shards --max-side 512", "torchcodec"]["files_opened_per_epoch"] == 1  # one shard
+    assert {c["variant"] for c in result["conversion"]} == {"shards", "shards --max-side 512"}

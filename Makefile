@@ -62,7 +62,7 @@ clean:
 # GPU_CHECK_CPU=1 runs the same check on the CPU at tiny sizes (CI); GPU_CHECK_OUT=DIR picks where results go.
 GPU_WHEELS := .gpu-wheels
 GPU_SITE := .gpu-site
-GPU_NEEDS := "jsonargparse[signatures]>=4.32" docstring-parser typeshed-client pytest
+GPU_NEEDS := "jsonargparse[signatures]>=4.32" docstring-parser typeshed-client pytest torchcodec
 GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 
 gpu-wheels:
@@ -71,7 +71,7 @@ gpu-wheels:
 	$(BIN)/python -c "from bench.loader import export_photos; export_photos('$(GPU_WHEELS)/photos')"  # for bench.loader
 
 gpu-check:
-	@if ! $(GPU_PYTHON) -c "import jsonargparse, docstring_parser, typeshed_client, pytest" 2>/dev/null; then \
+	@if ! $(GPU_PYTHON) -c "import jsonargparse, docstring_parser, typeshed_client, pytest, torchcodec" 2>/dev/null; then \
 		test -d $(GPU_WHEELS) || { echo "gpu-check: $(GPU_WHEELS)/ missing: run make gpu-wheels where there is network"; exit 1; }; \
 		$(GPU_PYTHON) -m pip install -q --no-index --find-links $(GPU_WHEELS) --target $(GPU_SITE) $(GPU_NEEDS) || exit 1; \
 	fi

@@ -286,6 +286,7 @@ def bench_and_loader(out: Path) -> list[dict]:
     photos = ROOT / ".gpu-wheels" / "photos"  # the GPU image has no scikit-image, scikit-learn, matplotlib
     env = {"BENCH_PHOTOS": str(photos)} if photos.is_dir() else None
     rows.append(_subprocess_step(f"training loader, {z['loader_workers']} workers", loader, 120 if CPU else 240, env))
+    fed = None
     try:  # is the GPU starved? the loader's img/s against the GPU's synthetic img/s (bf16 channels_last)
         fed = json.loads((out / "loader_dataloader.json").read_text())["img_per_s"]
         benches = [p for p in out.glob("gpu_*.json") if not p.name.startswith("gpu_check")]
@@ -296,6 +297,16 @@ def bench_and_loader(out: Path) -> list[dict]:
         rows[-1]["facts"] = {"loader_img_per_s": fed, "gpu_synthetic_img_per_s": round(gpu, 1), "starved": fed < gpu}
     except (OSError, ValueError, StopIteration, KeyError) as err:
         rows[-1].setdefault("facts", {"starved": f"unknown ({type(err).__name__})"})
+    if not CPU:  # --data.decode gpu: nvJPEG (TorchCodec on CUDA) against the CPU workers above
+        gpu_loader = [*loader, "--decode", "gpu"]
+        rows.append(
+            _subprocess_step(f"training loader, decode gpu, {z['loader_workers']} workers", gpu_loader, 240, env)
+        )
+        try:
+            fed_gpu = json.loads((out / "loader_dataloader_gpu.json").read_text())["img_per_s"]
+            rows[-1]["facts"] = {"loader_img_per_s": fed_gpu, "cpu_decode_img_per_s": fed}
+        except (OSError, ValueError, KeyError) as err:
+            rows[-1].setdefault("facts", {"loader_img_per_s": f"unknown ({type(err).__name__})"})
     return rows
 
 

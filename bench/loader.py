@@ -134,9 +134,12 @@ def run(count: int, rounds: int, image_size: int, uint8: bool, target: float, fo
     }
 
 
-def dataloader_rate(folder: Path, count: int, workers: int, batch_size: int, image_size: int = 224) -> dict[str, Any]:
+def dataloader_rate(
+    folder: Path, count: int, workers: int, batch_size: int, image_size: int = 224, decode: str = "cpu"
+) -> dict[str, Any]:
     """img/s of the real training loader (``ImageNetDataModule``, ``workers`` processes) over ``count`` generated
-    JPEGs in 10 class folders, after one warm-up batch (worker start-up excluded)."""
+    JPEGs in 10 class folders, after one warm-up batch (worker start-up excluded). With ``decode`` ``gpu`` the
+    workers only read the files and each batch is decoded and transformed on the GPU, as in training."""
     from datamodules.imagenet import ImageNetDataModule
 
     for split, n in (("train", count), ("val", 10)):
@@ -144,16 +147,26 @@ def dataloader_rate(folder: Path, count: int, workers: int, batch_size: int, ima
         for i, path in enumerate(paths):
             (folder / split / f"class{i % 10}").mkdir(parents=True, exist_ok=True)
             path.rename(folder / split / f"class{i % 10}" / path.name)
-    datamodule = ImageNetDataModule(str(folder), batch_size=batch_size, num_workers=workers, image_size=image_size)
+    datamodule = ImageNetDataModule(
+        str(folder), batch_size=batch_size, num_workers=workers, image_size=image_size, decode=decode
+    )
     datamodule.setup("fit")
     loader = datamodule.train_dataloader()
     batches = iter(loader)
-    next(batches)
+    datamodule.on_before_batch_transfer(next(batches), 0)
     start, images = time.perf_counter(), 0
-    for images_, _ in batches:
-        images += len(images_)
+    for batch in batches:
+        images += len(datamodule.on_before_batch_transfer(batch, 0)[0])  # decode gpu: decoded there; else as is
+    if decode == "gpu":
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - start
-    return {"workers": workers, "batch_size": batch_size, "images": images, "img_per_s": round(images / seconds, 1)}
+    return {
+        "workers": workers,
+        "batch_size": batch_size,
+        "decode": decode,
+        "images": images,
+        "img_per_s": round(images / seconds, 1),
+    }
 
 
 # ------------------------------------------------------------------------------------------------ shards (--shards)
@@ -352,6 +365,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "512, each decoder, conversion time, files opened, data wait (writes loader_shards.*)",
     )
     parser.add_argument("--fit-steps", type=int, default=20, help="with --shards: steps of the data-wait fit (20)")
+    parser.add_argument("--decode", choices=("cpu", "pil", "gpu"), default="cpu", help="with --dataloader-workers: "
+                        "data.decode (gpu writes loader_dataloader_gpu.json)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.shards:
         with tempfile.TemporaryDirectory(prefix="bench-shards-") as tmp:
@@ -363,9 +378,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return result
     if args.dataloader_workers is not None:
         with tempfile.TemporaryDirectory(prefix="bench-loader-") as tmp:
-            result = dataloader_rate(Path(tmp), args.images, args.dataloader_workers, args.batch_size, args.image_size)
+            result = dataloader_rate(
+                Path(tmp), args.images, args.dataloader_workers, args.batch_size, args.image_size, args.decode
+            )
         result |= {"machine": machine(), "command": " ".join(["python -m bench.loader", *(argv or sys.argv[1:])])}
-        write_json(args.out / "loader_dataloader.json", result)
+        name = "loader_dataloader_gpu.json" if args.decode == "gpu" else "loader_dataloader.json"
+        write_json(args.out / name, result)
         print(result)
         return result
     command = "python -m bench.loader " + " ".join(argv if argv is not None else sys.argv[1:])

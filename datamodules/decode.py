@@ -17,9 +17,12 @@ has no such option, so those JPEGs go through PIL.
 
 from __future__ import annotations
 
+import functools
 import io
 import math
-from typing import Literal
+import warnings
+from collections.abc import Callable
+from typing import Any, Literal
 
 import torch
 from PIL import Image
@@ -60,17 +63,35 @@ def decode(data: bytes, decoder: Decoder = "cpu", min_side: int | None = None) -
             header = Image.open(io.BytesIO(data))  # lazy: parses the header only
             if min(header.size) >= 2 * min_side:
                 return _pil(data, min_side)
-        try:
-            return decode_jpeg_tensor(data)
-        except RuntimeError:
-            pass  # truncated or unusual JPEGs: PIL decides, with the same error as for every other format
+        if _torchcodec() is not None:
+            try:
+                return decode_jpeg_tensor(data)
+            except RuntimeError:
+                pass  # truncated or unusual JPEGs: PIL decides, with the same error as for every other format
     return _pil(data, min_side)
+
+
+@functools.cache
+def _torchcodec() -> Callable[..., Any] | None:
+    """TorchCodec's ``decode_jpeg``, imported on first use (it loads a native library built for one torch version);
+    None, with one warning, where it cannot be loaded: the CPU decoders then use PIL."""
+    try:
+        from torchcodec.decoders import decode_jpeg
+    except (ImportError, OSError, RuntimeError) as err:
+        warnings.warn(
+            f"TorchCodec cannot be loaded ({type(err).__name__}: {err}): JPEGs are decoded with PIL, about half as "
+            "fast per core. Install the torchcodec release built for this torch (constraints.txt pins it).",
+            stacklevel=2,
+        )
+        return None
+    return decode_jpeg
 
 
 def decode_jpeg_tensor(data: bytes, device: str | torch.device = "cpu") -> torch.Tensor:
     """One JPEG through TorchCodec (libjpeg-turbo on CPU, nvJPEG on CUDA); RuntimeError if it refuses the bytes."""
-    from torchcodec.decoders import decode_jpeg  # imported here: loads its native library only where used
-
+    decode_jpeg = _torchcodec()
+    if decode_jpeg is None:
+        raise RuntimeError("TorchCodec cannot be loaded")
     return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode="RGB", device=device)
 
 

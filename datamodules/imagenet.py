@@ -349,7 +349,7 @@ class ImageNetDataModule(ImageDataModule):
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         if self.hparams.decode == "gpu" and isinstance(batch, (list, tuple)) and isinstance(batch[0], list):
             images, labels = batch
-            training = self.trainer is not None and self.trainer.training
+            training = self.trainer.training if self.trainer is not None else True
             device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cuda")
             return decode_on_device(images, self._transform(training), device), labels
         return batch

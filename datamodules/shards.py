@@ -50,6 +50,7 @@ from torch.utils.data import Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 
 from app.errors import UserError
+from datamodules.base import available_cpus
 from datamodules.decode import Decoder, decode
 
 FORMAT, VERSION = "dptrain-shards", 1
@@ -325,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     conv.add_argument("--quality", type=int, default=90, help="JPEG quality of re-encoded images (90)")
     conv.add_argument("--shard-images", type=int, default=2000, help="images per shard (2000: ~220 MB of ImageNet)")
     conv.add_argument("--seed", type=int, default=0, help="seed of the shuffled order (0)")
-    conv.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes (all CPUs)")
+    conv.add_argument("--workers", type=int, default=available_cpus(), help="processes (the CPUs this job may use)")
     # SLURM's own variables: srun starts one task per shard subset
     conv.add_argument("--task-index", type=int, default=int(os.environ.get("SLURM_PROCID", 0)))
     conv.add_argument("--num-tasks", type=int, default=int(os.environ.get("SLURM_NTASKS", 1)))

@@ -239,3 +239,17 @@ def test_bench_shards_smoke(tmp_path):
     assert rows["large", "folder", "pil"]["files_opened_per_epoch"] == 10  # one open per image
     assert rows["large", "shards --max-side 512", "torchcodec"]["files_opened_per_epoch"] == 1  # one shard
     assert {c["variant"] for c in result["conversion"]} == {"shards", "shards --max-side 512"}
+
+
+def test_slurm_tasks_split_the_shards_and_the_last_one_writes_the_manifest(crops, converted, tmp_path, capsys):
+    dst = tmp_path / "tasks"
+    args = ["convert", "--src", str(crops), "--dst", str(dst), "--shard-images", "50", "--no-progress"]
+    args += ["--workers", "1"]
+    assert main([*args, "--task-index", "1", "--num-tasks", "2"]) == 0  # as srun's second task (SLURM_PROCID 1)
+    assert "task 1/2: its shards are written; the last task to finish writes" in capsys.readouterr().out
+    assert not (dst / "manifest.json").exists()
+    assert sorted(p.name for p in (dst / "train").glob("*.tar")) == ["shard-00001.tar", "shard-00003.tar"]
+    assert main([*args, "--task-index", "0", "--num-tasks", "2"]) == 0
+    assert f"complete: {dst / 'manifest.json'}" in capsys.readouterr().out
+    split = json.loads((dst / "manifest.json").read_text())["splits"]
+    assert split == json.loads((converted / "manifest.json").read_text())["splits"]  # as one task would have made

@@ -187,16 +187,15 @@ def _shard_path(dst: Path, split: str, number: int) -> Path:
     return dst / split / f"shard-{number:05d}.tar"
 
 
-def _convert_shard(job: tuple[Path, Path, str, int, dict[str, Any], dict[str, Any]]) -> tuple[str, int, int]:
-    """Writes one shard (tar under a temporary name, renamed when complete) and its index; returns its image count."""
+def _convert_shard(job: tuple[Path, Path, str, int, dict[str, Any], list]) -> tuple[str, int, int]:
+    """Writes one shard (tar under a temporary name, renamed when complete) and its index, from its (position in
+    the source listing, relative path, label) items; returns its split, images and unreadable images."""
     src, dst, split, number, options, spec = job
     path = _shard_path(dst, split, number)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     rows, keys, skipped = [], [], []
     with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
-        for source_index in spec["order"]:
-            relative = spec["files"][source_index]
-            label = spec["labels"][source_index]
+        for source_index, relative, label in spec:
             try:
                 data, extension = _encode((src / relative).read_bytes(), options["max_side"], options["quality"])
             except (OSError, ValueError, SyntaxError) as err:  # as the folder pipeline: listed and skipped
@@ -222,7 +221,7 @@ def _convert_shard(job: tuple[Path, Path, str, int, dict[str, Any], dict[str, An
     np.save(path.with_suffix(".npy"), np.asarray(rows, dtype=np.int64).reshape(-1, 5))
     meta = {"images": len(rows), "bytes": path.stat().st_size, "sha256": digest, "keys": keys, "skipped": skipped}
     _write_json(path.with_suffix(".json"), meta)  # last: the shard's "done" mark
-    return split, len(spec["order"]), len(skipped)
+    return split, len(spec), len(skipped)
 
 
 def _done(dst: Path, split: str, number: int) -> bool:
@@ -297,9 +296,9 @@ def convert(
             if mine and not _done(dst, split, number):
                 for stale in (dst / split).glob(f".shard-{number:05d}.*"):  # left by a killed run: redone from scratch
                     stale.unlink()
-                job_spec = {"order": order, "files": spec["files"], "labels": spec["labels"]}
-                jobs.append((src, dst, split, number, vars(options), job_spec))
-    total = sum(len(job[5]["order"]) for job in jobs)
+                items = [(i, spec["files"][i], spec["labels"][i]) for i in order]  # only this shard's: pickled
+                jobs.append((src, dst, split, number, vars(options), items))
+    total = sum(len(job[5]) for job in jobs)
     skipped = 0
     with tqdm(total=total, unit="img", desc=f"converting {src}", disable=not progress, smoothing=0.1) as bar:
         if workers > 1 and len(jobs) > 1:

@@ -31,11 +31,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import hashlib
 import io
 import json
 import os
 import random
+import resource
 import sys
 import tarfile
 import time
@@ -363,6 +365,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ reading
+def _raise_open_files_limit(shards: int) -> None:
+    """Lets a process keep every shard open (ImageNet: 666 at 2,000 images per shard), up to the hard limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = shards + 256  # and the loader's own pipes, sockets and libraries
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(
+            resource.RLIMIT_NOFILE, (wanted if hard == resource.RLIM_INFINITY else min(wanted, hard), hard)
+        )
+
+
 class ShardDataset(Dataset):
     """One split of a converted folder as a map-style dataset, in the source's ImageFolder order.
 
@@ -401,6 +413,7 @@ class ShardDataset(Dataset):
         self.files_opened = 0
         self._fds: dict[int, int] = {}
         self._pid = os.getpid()
+        _raise_open_files_limit(len(self.files))
 
     def __len__(self) -> int:
         return len(self.index)
@@ -408,8 +421,17 @@ class ShardDataset(Dataset):
     def _fd(self, shard: int) -> int:
         if self._pid != os.getpid():  # a forked loader worker: its own descriptors, not the parent's
             self._fds, self._pid, self.files_opened = {}, os.getpid(), 0
+            _raise_open_files_limit(len(self.files))
         if shard not in self._fds:
-            self._fds[shard] = os.open(self.files[shard], os.O_RDONLY)
+            try:
+                self._fds[shard] = os.open(self.files[shard], os.O_RDONLY)
+            except OSError as err:
+                if err.errno != errno.EMFILE:
+                    raise
+                raise ShardsError(
+                    f"too many open files: {len(self._fds)} shards of {self.root} are open in this process and the "
+                    "limit is reached; raise it (ulimit -n) or convert with a larger --shard-images"
+                ) from err
             self.files_opened += 1
         return self._fds[shard]
 

@@ -237,7 +237,7 @@ class ImageNetDataModule(ImageDataModule):
     def _folder(self, split: str, train: bool) -> ImageFolderChecked | ShardDataset:
         root = self.data_dir / split
         if is_shards(self.data_dir):  # converted by `python -m datamodules.shards convert`: read the shards
-            return ShardDataset(
+            shards = ShardDataset(
                 self.data_dir,
                 split,
                 self._transform(train),
@@ -245,6 +245,12 @@ class ImageNetDataModule(ImageDataModule):
                 min_side=min_side_for(self.hparams.image_size, train),
                 skip_unreadable=self.hparams.skip_unreadable,
             )
+            if len(shards.classes) != self.num_classes:
+                raise ImageNetDataError(
+                    f"the shards in {self.data_dir.resolve()} hold {len(shards.classes)} classes but the model is "
+                    f"built for {self.num_classes} (data.num_classes): drop data.num_classes or convert the right data"
+                )
+            return shards
         if (self.data_dir / PLAN).is_file():
             raise ImageNetDataError(
                 f"{self.data_dir.resolve()} is an unfinished shard conversion (no manifest.json): run the same "

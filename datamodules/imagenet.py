@@ -6,6 +6,9 @@ Layout of ``data_dir``::
     val/<wnid>/<image>     50,000 images; make it from the official flat folder with
                            ``python -m datamodules.imagenet_val`` (symlinks, no copies)
 
+or a folder converted into shards by ``python -m datamodules.shards convert`` (recognised by its ``manifest.json``;
+read map-style in the same order, with the same transforms: :mod:`datamodules.shards`).
+
 Transforms are the classic ones: training RandomResizedCrop(image_size) + horizontal flip, evaluation
 resize to image_size / 0.875 (256 for 224) + center crop; ImageNet mean and std. With ``normalize_on_device`` the
 workers hand over uint8 tensors (4x less to collate, pin and copy) and the conversion to float and normalisation run

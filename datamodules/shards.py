@@ -329,8 +329,10 @@ def main(argv: list[str] | None = None) -> int:
     conv.add_argument("--seed", type=int, default=0, help="seed of the shuffled order (0)")
     conv.add_argument("--workers", type=int, default=available_cpus(), help="processes (the CPUs this job may use)")
     # SLURM's own variables: srun starts one task per shard subset
-    conv.add_argument("--task-index", type=int, default=int(os.environ.get("SLURM_PROCID", 0)))
-    conv.add_argument("--num-tasks", type=int, default=int(os.environ.get("SLURM_NTASKS", 1)))
+    conv.add_argument("--task-index", type=int, default=int(os.environ.get("SLURM_PROCID", 0)),
+                      help="converts the shards whose number %% num-tasks is this ($SLURM_PROCID, 0)")  # fmt: skip
+    conv.add_argument("--num-tasks", type=int, default=int(os.environ.get("SLURM_NTASKS", 1)),
+                      help="tasks sharing the conversion ($SLURM_NTASKS, 1)")  # fmt: skip
     conv.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     if args.max_side is not None and args.max_side < 8:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
+import torch
 from PIL import Image
 from torch.utils.data import DistributedSampler
 
@@ -200,7 +201,8 @@ def test_converting_and_reading_make_no_network_call_and_open_nothing_before_set
 def _fit(data_dir: Path, tmp_path: Path) -> dict[str, float]:
     pl.seed_everything(0, verbose=False)
     dm = ImageNetDataModule(data_dir=str(data_dir), batch_size=8, num_workers=0, image_size=32)
-    model = ImageClassifier(arch="resnet18", num_classes=6, in_channels=3)
+    sgd = lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9)  # noqa: E731
+    model = ImageClassifier(arch="resnet18", num_classes=6, in_channels=3, optimizer=sgd)
     trainer = pl.Trainer(
         accelerator="cpu",
         max_epochs=1,

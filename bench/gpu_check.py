@@ -403,7 +403,8 @@ def bench_gpu(ctx: Context) -> list[dict]:
     return [_subprocess_step("bench.gpu", command, box(BENCH_BOX_S))]
 
 
-LOADER_BOX_S = 100
+LOADER_BOX_S = 120  # the CPU workers, then (on a GPU) the same loader with --data.decode gpu
+GPU_DECODE_BOX_S = 50
 
 
 def loader(ctx: Context) -> list[dict]:
@@ -413,17 +414,30 @@ def loader(ctx: Context) -> list[dict]:
                "--out", str(ctx.out)]  # fmt: skip
     photos = ROOT / ".gpu-wheels" / "photos"  # the GPU image has no scikit-image, scikit-learn, matplotlib
     env = {"BENCH_PHOTOS": str(photos)} if photos.is_dir() else None
-    row = _subprocess_step(f"training loader, {z['loader_workers']} workers", command, box(LOADER_BOX_S), env)
+    name = f"training loader, {z['loader_workers']} workers"
+    row = _subprocess_step(name, command, box(LOADER_BOX_S - GPU_DECODE_BOX_S), env)
     try:  # is the GPU starved? the loader's steady img/s against the GPU's synthetic img/s (bf16 channels_last)
         fed = json.loads((ctx.out / "loader_dataloader.json").read_text())["img_per_s"]
-        bench = max((p for p in ctx.out.glob("gpu_*.json")), key=lambda p: p.stat().st_mtime)
+        benches = [p for p in ctx.out.glob("gpu_*.json") if not p.name.startswith("gpu_check")]
+        bench = max(benches, key=lambda p: p.stat().st_mtime)
         gpu = next(
             r["img_per_s"] for r in json.loads(bench.read_text())["throughput"] if r["config"].startswith("bf16")
         )
         row["facts"] = {"loader_img_per_s": fed, "gpu_synthetic_img_per_s": round(gpu, 1), "starved": fed < gpu}
     except (OSError, ValueError, StopIteration, KeyError) as err:
         row.setdefault("facts", {"starved": f"unknown ({type(err).__name__})"})
-    return [row]
+    if CPU:
+        return [row]
+    # --data.decode gpu: nvJPEG (TorchCodec on CUDA) against the CPU workers above, the same steady-state measurement
+    gpu_row = _subprocess_step(f"training loader, decode gpu, {z['loader_workers']} workers",
+                               [*command, "--decode", "gpu"], box(GPU_DECODE_BOX_S), env)  # fmt: skip
+    try:
+        fed_gpu = json.loads((ctx.out / "loader_dataloader_gpu.json").read_text())["img_per_s"]
+        gpu_row["facts"] = {"loader_img_per_s": fed_gpu, "cpu_decode_img_per_s": row.get("facts", {}).get(
+            "loader_img_per_s")}  # fmt: skip
+    except (OSError, ValueError, KeyError) as err:
+        gpu_row.setdefault("facts", {"loader_img_per_s": f"unknown ({type(err).__name__})"})
+    return [row, gpu_row]
 
 
 def rehearse_kill(ctx: Context) -> list[dict]:

@@ -7,7 +7,8 @@ process with one thread reading, decoding and transforming each file exactly as 
 uint8 with ``--uint8`` as ``normalize_on_device`` does), with two decoders:
 
 - ``pil``: ``PIL.Image.open(...).convert("RGB")`` (the decoder torchvision's ImageFolder uses);
-- ``tensor``: ``torchvision.io.decode_jpeg`` (libjpeg-turbo) to a uint8 tensor, the transform then runs on tensors.
+- ``tensor``: TorchCodec's ``decode_jpeg`` (libjpeg-turbo) to a uint8 tensor, the transform then runs on tensors
+  (until issue 24: the deprecated ``torchvision.io.decode_jpeg``).
 
 The decoders alternate round by round (A B A B ...) so a change in machine load hits both alike; the result is the
 median over rounds of img/s, and the cores needed to feed a given rate (``--target``, 3,000 img/s: one H200's
@@ -75,13 +76,10 @@ def make_jpegs(folder: Path, count: int, size: tuple[int, int] = (500, 375), see
 
 
 def load(path: Path, decoder: str) -> Any:
-    """The image as the given decoder hands it to the transform."""
-    if decoder == "pil":
-        with open(path, "rb") as f:
-            return Image.open(f).convert("RGB")
-    from torchvision.io import ImageReadMode, decode_jpeg, read_file
+    """The image as the given decoder (``datamodules.decode``: ``pil``, or ``tensor`` = TorchCodec) hands it over."""
+    from datamodules.decode import decode, read
 
-    return decode_jpeg(read_file(str(path)), mode=ImageReadMode.RGB)
+    return decode(read(str(path)), "pil" if decoder == "pil" else "cpu")
 
 
 def rate(paths: list[Path], decoder: str, transform: Any) -> float:
@@ -137,7 +135,7 @@ def run(count: int, rounds: int, image_size: int, uint8: bool, target: float, fo
 
 
 def dataloader_rate(
-    folder: Path, count: int, workers: int, batch_size: int, batches: int, image_size: int = 224
+    folder: Path, count: int, workers: int, batch_size: int, batches: int, image_size: int = 224, decode: str = "cpu"
 ) -> dict[str, Any]:
     """img/s of the real training loader (``ImageNetDataModule``, ``workers`` processes) in its steady state.
 
@@ -145,7 +143,8 @@ def dataloader_rate(
     ``batches`` batches: the same files (from the page cache after their first read), so the generation time does not
     grow with the length of the measurement. The clock starts once the batches that were already in flight when the
     workers started (``workers x prefetch_factor``) have been taken, so the rate is that of batches made while
-    measured."""
+    measured. With ``decode`` ``gpu`` the workers only read the files and each batch is decoded and transformed on
+    the GPU, as in training."""
     from datamodules.imagenet import ImageNetDataModule
 
     train, val = make_jpegs(folder / "flat", count), make_jpegs(folder / "flat_val", 10, seed=1)
@@ -154,7 +153,9 @@ def dataloader_rate(
             target = folder / split / f"class{i % 10}"
             target.mkdir(parents=True, exist_ok=True)
             os.link(sources[i % len(sources)], target / f"{i:06d}.jpg")
-    datamodule = ImageNetDataModule(str(folder), batch_size=batch_size, num_workers=workers, image_size=image_size)
+    datamodule = ImageNetDataModule(
+        str(folder), batch_size=batch_size, num_workers=workers, image_size=image_size, decode=decode
+    )
     datamodule.setup("fit")
     loader = datamodule.train_dataloader()
     in_flight = workers * (loader.prefetch_factor or 2) if workers else 1
@@ -164,16 +165,174 @@ def dataloader_rate(
                  f"{in_flight} batches in flight at the start, workers x prefetch_factor, and 2)")  # fmt: skip
     stream = iter(loader)
     for _ in range(in_flight):
-        next(stream)
+        datamodule.on_before_batch_transfer(next(stream), 0)
     start, images, measured = time.perf_counter(), 0, 0
-    for images_, _ in stream:
-        images, measured = images + len(images_), measured + 1
+    for batch in stream:  # decode gpu: decoded and transformed there; else as is
+        images, measured = images + len(datamodule.on_before_batch_transfer(batch, 0)[0]), measured + 1
+    if decode == "gpu":
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     return {
-        "workers": workers, "batch_size": batch_size, "unique_jpegs": count, "batches": batches,
+        "workers": workers, "batch_size": batch_size, "decode": decode, "unique_jpegs": count, "batches": batches,
         "skipped_in_flight": in_flight, "measured_batches": measured, "images": images,
         "img_per_s": round(images / seconds, 1),
     }  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------ shards (--shards)
+SOURCES = {"imagenet-like": (500, 375), "large": (1024, 768)}  # pixels of the generated JPEGs (25 % portrait)
+
+
+def _class_tree(folder: Path, count: int, size: tuple[int, int]) -> Path:
+    """``count`` JPEGs of ``size`` in 10 class folders under ``folder/train``, 20 under ``folder/val``."""
+    for split, n in (("train", count), ("val", 20)):
+        for i, path in enumerate(make_jpegs(folder / "flat" / split, n, size=size, seed=len(split))):
+            (folder / split / f"class{i % 10}").mkdir(parents=True, exist_ok=True)
+            path.rename(folder / split / f"class{i % 10}" / path.name)
+    return folder
+
+
+def _dataset_rate(dataset: Any, order: list[int]) -> float:
+    """img/s of ``dataset[i]`` (read + decode + training transform), one thread."""
+    start = time.perf_counter()
+    for index in order:
+        dataset[index]
+    return len(order) / (time.perf_counter() - start)
+
+
+def _data_wait(data_dir: Path, steps: int) -> dict[str, float]:
+    """Share of a short fit's training time spent waiting for the next batch (Lightning's SimpleProfiler), 1 worker,
+    resnet18 at 64 px, batch 16: the slower the source, the larger the share."""
+    import lightning.pytorch as pl
+
+    from datamodules.imagenet import ImageNetDataModule
+    from modules import ImageClassifier
+
+    pl.seed_everything(0, verbose=False)
+    dm = ImageNetDataModule(str(data_dir), batch_size=16, num_workers=1, image_size=64)
+    model = ImageClassifier(arch="resnet18", num_classes=dm.num_classes, in_channels=3)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_steps=steps,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        profiler="simple",
+    )
+    trainer.fit(model, datamodule=dm)
+    durations = trainer.profiler.recorded_durations
+    wait = sum(sum(v) for k, v in durations.items() if k.endswith("train_dataloader_next"))
+    total = sum(sum(v) for k, v in durations.items() if k.startswith("run_training_batch")) + wait
+    return {"data_wait_s": round(wait, 2), "train_s": round(total, 2), "share": round(wait / total, 3)}
+
+
+def shards_run(count: int, rounds: int, folder: Path, fit_steps: int) -> dict[str, Any]:
+    """Folder vs shards, original vs ``--max-side 512``, each CPU decoder; conversion time; files opened; data wait."""
+    from datamodules.imagenet import ImageNetDataModule
+    from datamodules.shards import Options, convert
+
+    torch.set_num_threads(1)
+    load_before = os.getloadavg()[0]
+    rows, conversions, waits = [], [], []
+    for source, size in SOURCES.items():
+        src = _class_tree(folder / source / "src", count, size)
+        variants = {"folder": src}
+        for name, max_side in (("shards", None), ("shards --max-side 512", 512)):
+            dst = folder / source / name.replace(" ", "_")
+            start = time.perf_counter()
+            manifest = convert(src, dst, Options(max_side=max_side), workers=1, progress=False)
+            seconds = time.perf_counter() - start
+            images = sum(info["images"] for info in manifest["splits"].values())
+            shards = sum(len(info["shards"]) for info in manifest["splits"].values())
+            mb = sum(s["bytes"] for info in manifest["splits"].values() for s in info["shards"]) / 2**20
+            conversions.append(
+                {"source": source, "variant": name, "images": images, "shards": shards, "mib": round(mb, 1),
+                 "s_per_1000_images": round(seconds / images * 1000, 1)}
+            )  # fmt: skip
+            variants[name] = dst
+        rates: dict[tuple[str, str], list[float]] = {}
+        opened: dict[str, int] = {}
+        sets = {}
+        for variant, data_dir in variants.items():
+            for decoder in ("pil", "cpu"):
+                dm = ImageNetDataModule(str(data_dir), batch_size=32, num_workers=0, decode=decoder)
+                dm.setup("fit")
+                sets[variant, decoder] = dm.train_set
+        order = list(range(len(sets["folder", "cpu"])))
+        random.Random(0).shuffle(order)
+        for _ in range(rounds):  # interleaved: a change of machine load hits every variant alike
+            for key, dataset in sets.items():
+                torch.manual_seed(0)
+                rates.setdefault(key, []).append(_dataset_rate(dataset, order))
+        for variant in variants:
+            files = getattr(sets[variant, "cpu"], "files_opened", None)
+            opened[variant] = files if files is not None else len(order)  # the folder opens every image
+        baseline = statistics.median(rates["folder", "cpu"])
+        for (variant, decoder), values in rates.items():
+            median = statistics.median(values)
+            rows.append(
+                {"source": source, "variant": variant, "decoder": "torchcodec" if decoder == "cpu" else "pil",
+                 "img_per_s_per_core": round(median, 1), "min": round(min(values), 1), "max": round(max(values), 1),
+                 "vs_folder_torchcodec": round(median / baseline, 2), "files_opened_per_epoch": opened[variant]}
+            )  # fmt: skip
+        if fit_steps:
+            for variant, data_dir in variants.items():
+                waits.append({"source": source, "variant": variant, **_data_wait(data_dir, fit_steps)})
+    return {
+        "machine": machine(),
+        "settings": {
+            "images": count,
+            "rounds": rounds,
+            "sources": {
+                k: f"{w}x{h} (25% portrait), quality 90, cut from the test photos" for k, (w, h) in SOURCES.items()
+            },
+            "transform": "RandomResizedCrop 224 + flip, float32 normalised",
+            "shard_images": Options().shard_images,
+            "fit_steps": fit_steps,
+            "load_average": [round(load_before, 1), round(os.getloadavg()[0], 1)],
+        },  # fmt: skip
+        "rows": rows,
+        "conversion": conversions,
+        "data_wait": waits,
+    }
+
+
+def shards_markdown(results: dict[str, Any]) -> str:
+    s = results["settings"]
+    lines = [
+        "# Input pipeline: folder vs shards (`bench.loader --shards`)",
+        "",
+        f"Machine: {machine_line(results['machine'])}. Load average (1 min) before / after: "
+        f"{s['load_average'][0]} / {s['load_average'][1]} on {results['machine']['host_cpus']} cores (other jobs "
+        "shared the machine: absolute figures are low, compare the ratios measured in the same run).",
+        f"{s['images']} training JPEGs per source ({'; '.join(f'{k}: {v}' for k, v in s['sources'].items())}), "
+        f"{s['transform']}; one process, one thread; median over {s['rounds']} interleaved rounds. "
+        f"Command: `{results['command']}`",
+        "",
+        "| source | data | decoder | img/s per core, median (min-max) | vs folder + torchcodec | files opened/epoch |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in results["rows"]:
+        lines.append(
+            f"| {r['source']} | {r['variant']} | {r['decoder']} | {r['img_per_s_per_core']} ({r['min']}-{r['max']}) "
+            f"| {r['vs_folder_torchcodec']}x | {r['files_opened_per_epoch']} |"
+        )
+    lines += ["", "Conversion (one process, `--workers 1`; it scales with `--workers` and SLURM tasks):", ""]
+    lines += ["| source | output | images | shards | MiB | s per 1,000 images |", "|---|---|---|---|---|---|"]
+    for c in results["conversion"]:
+        lines.append(
+            f"| {c['source']} | {c['variant']} | {c['images']} | {c['shards']} | {c['mib']} "
+            f"| {c['s_per_1000_images']} |"
+        )
+    if results["data_wait"]:
+        lines += ["", f"Data-wait share of a {s['fit_steps']}-step fit (resnet18, 64 px, batch 16, 1 loader worker, "]
+        lines[-1] += "CPU; Lightning's SimpleProfiler, `train_dataloader_next` / training time):"
+        lines += ["", "| source | data | waiting for data (s) | training (s) | share |", "|---|---|---|---|---|"]
+        for w in results["data_wait"]:
+            lines.append(f"| {w['source']} | {w['variant']} | {w['data_wait_s']} | {w['train_s']} | {w['share']:.1%} |")
+    return "\n".join(lines) + "\n"
 
 
 def markdown(results: dict[str, Any], command: str) -> str:
@@ -211,14 +370,38 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--batch-size", type=int, default=256, help="with --dataloader-workers (256)")
     parser.add_argument("--batches", type=int, default=120, help="with --dataloader-workers: batches in the epoch, "
                         "the first workers x prefetch_factor not measured (120)")  # fmt: skip
+    parser.add_argument(
+        "--shards",
+        action="store_true",
+        help="instead: folder vs shards, original vs --max-side "
+        "512, each decoder, conversion time, files opened, data wait (writes loader_shards.*)",
+    )
+    parser.add_argument("--fit-steps", type=int, default=20, help="with --shards: steps of the data-wait fit (20)")
+    parser.add_argument("--decode", choices=("cpu", "pil", "gpu"), default="cpu", help="with --dataloader-workers: "
+                        "data.decode (gpu writes loader_dataloader_gpu.json)")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.shards:
+        with tempfile.TemporaryDirectory(prefix="bench-shards-") as tmp:
+            result = shards_run(args.images, args.rounds, Path(tmp), args.fit_steps)
+        result["command"] = " ".join(["python -m bench.loader", *(argv if argv is not None else sys.argv[1:])])
+        write_json(args.out / "loader_shards.json", result)
+        (args.out / "loader_shards.md").write_text(shards_markdown(result))
+        print(shards_markdown(result))
+        return result
     if args.dataloader_workers is not None:
         with tempfile.TemporaryDirectory(prefix="bench-loader-") as tmp:
             result = dataloader_rate(
-                Path(tmp), args.images, args.dataloader_workers, args.batch_size, args.batches, args.image_size
+                Path(tmp),
+                args.images,
+                args.dataloader_workers,
+                args.batch_size,
+                args.batches,
+                args.image_size,
+                args.decode,
             )
         result |= {"machine": machine(), "command": " ".join(["python -m bench.loader", *(argv or sys.argv[1:])])}
-        write_json(args.out / "loader_dataloader.json", result)
+        name = "loader_dataloader_gpu.json" if args.decode == "gpu" else "loader_dataloader.json"
+        write_json(args.out / name, result)
         print(result)
         return result
     command = "python -m bench.loader " + " ".join(argv if argv is not None else sys.argv[1:])

@@ -6,6 +6,9 @@ Layout of ``data_dir``::
     val/<wnid>/<image>     50,000 images; make it from the official flat folder with
                            ``python -m datamodules.imagenet_val`` (symlinks, no copies)
 
+or a folder converted into shards by ``python -m datamodules.shards convert`` (recognised by its ``manifest.json``;
+read map-style in the same order, with the same transforms: :mod:`datamodules.shards`).
+
 Transforms are the classic ones: training RandomResizedCrop(image_size) + horizontal flip, evaluation
 resize to image_size / 0.875 (256 for 224) + center crop; ImageNet mean and std. With ``normalize_on_device`` the
 workers hand over uint8 tensors (4x less to collate, pin and copy) and the conversion to float and normalisation run
@@ -15,7 +18,6 @@ on the accelerator after the transfer (the prefetcher trick of the Apex ImageNet
 from __future__ import annotations
 
 import functools
-import io
 import warnings
 from pathlib import Path
 from typing import Any
@@ -25,11 +27,12 @@ from lightning.pytorch.utilities import rank_zero_info
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, default_collate
 from torchvision.datasets import ImageFolder
-from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms import v2
 
 from app.errors import UserError
 from datamodules.base import ImageDataModule, Workers
+from datamodules.decode import DECODERS, Decoder, decode, decode_jpeg_tensor, min_side_for, read
+from datamodules.shards import PLAN, ShardDataset, is_shards, read_manifest
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -51,38 +54,33 @@ class _Skipped:
         self.path = path
 
 
-_JPEG_MAGIC = b"\xff\xd8\xff"
-
-
-def load_image(path: str) -> torch.Tensor | Image.Image:
-    """The one place that picks the image decoder: RGB, as a uint8 [3, H, W] tensor or a PIL image.
-
-    JPEGs go through torchvision's libjpeg-turbo decoder to a uint8 tensor, and the transforms then crop the tensor:
-    about twice the images per CPU core of PIL (``bench/results/loader.md``). Anything else, and any JPEG that decoder
-    refuses, is read by PIL, which raises OSError for a file nobody can read. (torchvision is moving its decoders
-    to torchcodec: when ``decode_jpeg`` goes, this function changes and nothing else.)
-    """
-    with open(path, "rb") as f:
-        data = f.read()
-    if data[:3] == _JPEG_MAGIC:
-        try:
-            return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
-        except RuntimeError:
-            pass  # truncated or unusual JPEGs: PIL decides, with the same error as for every other format
-    return Image.open(io.BytesIO(data)).convert("RGB")
+def load_image(path: str, decoder: Decoder = "cpu", min_side: int | None = None) -> torch.Tensor | Image.Image:
+    """An image file as RGB pixels: a uint8 [3, H, W] tensor or a PIL image (:func:`datamodules.decode.decode`)."""
+    return decode(read(path), decoder, min_side)
 
 
 class ImageFolderChecked(ImageFolder):
     """An ``ImageFolder`` whose unreadable images stop the run naming the file, or are skipped when asked."""
 
-    def __init__(self, root: str | Path, transform: Any, skip_unreadable: bool = False) -> None:
+    def __init__(
+        self,
+        root: str | Path,
+        transform: Any,
+        skip_unreadable: bool = False,
+        decoder: Decoder = "cpu",
+        min_side: int | None = None,
+    ) -> None:
         super().__init__(str(root), transform=transform)
         self.skip_unreadable = skip_unreadable
+        self.decoder = decoder
+        self.min_side = min_side
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int] | _Skipped:
         path, target = self.samples[index]
+        if self.decoder == "gpu":  # the bytes only: the main process decodes the batch on its GPU
+            return encoded(read(path)), target
         try:
-            image = load_image(path)
+            image = load_image(path, self.decoder, self.min_side)
         except (OSError, ValueError, SyntaxError) as err:  # PIL's UnidentifiedImageError and truncation are OSErrors
             if self.skip_unreadable:
                 return _Skipped(path)
@@ -103,6 +101,35 @@ def collate_skipping(batch: list) -> tuple[torch.Tensor, torch.Tensor, list[str]
         )
     images, labels = default_collate(kept)
     return images, labels, skipped
+
+
+def encoded(data: bytes) -> torch.Tensor:
+    """Encoded image bytes as a 1-D uint8 tensor (what ``--data.decode gpu`` workers hand over)."""
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def collate_encoded(batch: list) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Variable-length encoded images stay a list; the labels are stacked."""
+    return [b[0] for b in batch], torch.as_tensor([b[1] for b in batch])
+
+
+def decode_on_device(images: list[torch.Tensor], transform: Any, device: torch.device) -> torch.Tensor:
+    """``--data.decode gpu``: decodes a batch of encoded images on ``device`` (nvJPEG through TorchCodec, one call for
+    the batch), then runs ``transform`` on each there; a file nvJPEG refuses is decoded on the CPU (PIL) instead.
+    Unverified on a GPU here (no CUDA on the development machine); ``make gpu-check`` measures it."""
+    from torchcodec.decoders import decode_jpeg
+
+    try:
+        pixels = decode_jpeg(images, mode="RGB", device=device)
+    except RuntimeError:  # one bad or non-JPEG file in the batch: each on its own
+        pixels = []
+        for data in images:
+            try:
+                pixels.append(decode_jpeg_tensor(data.numpy().tobytes(), device))
+            except RuntimeError:
+                pil = decode(data.numpy().tobytes(), "pil")
+                pixels.append(v2.functional.pil_to_tensor(pil).to(device))
+    return torch.stack([transform(p) for p in pixels])
 
 
 class SyntheticImages(Dataset):
@@ -169,6 +196,9 @@ class ImageNetDataModule(ImageDataModule):
         synthetic_train_size: number of synthetic training images (ImageNet's by default).
         synthetic_val_size: number of synthetic validation images (ImageNet's by default).
         num_classes: classes; by default the number of class folders in ``train/`` (1000 when synthetic).
+        decode: ``cpu`` (TorchCodec for JPEGs, PIL for the rest), ``pil``, or ``gpu`` (nvJPEG on the training
+            device, needs CUDA); see :mod:`datamodules.decode`. JPEGs much larger than the transform needs are
+            decoded at reduced size on the CPU.
     """
 
     in_channels = 3
@@ -186,10 +216,13 @@ class ImageNetDataModule(ImageDataModule):
         synthetic_train_size: int = TRAIN_SIZE,
         synthetic_val_size: int = VAL_SIZE,
         num_classes: int | None = None,
+        decode: Decoder = "cpu",
     ) -> None:
         super().__init__(batch_size=batch_size, global_batch_size=global_batch_size, num_workers=num_workers)
         if image_size < 8:
             raise ValueError(f"data.image_size must be at least 8 pixels, got {image_size}")
+        if decode not in DECODERS:
+            raise ImageNetDataError(f"data.decode must be one of {', '.join(DECODERS)}, got {decode!r}")
         # num_classes is the model's hyperparameter (linked by the CLI); saving it here too would clash when the
         # Trainer merges both hparams (None here, the folder's count there)
         self.save_hyperparameters(ignore=["num_classes"])
@@ -199,11 +232,33 @@ class ImageNetDataModule(ImageDataModule):
         self.num_classes = num_classes or len(folders) or NUM_CLASSES
 
     def _class_folders(self) -> list[str]:
+        if is_shards(self.data_dir):
+            return read_manifest(self.data_dir)["classes"]
         train = self.data_dir / "train"
         return sorted(p.name for p in train.iterdir() if p.is_dir()) if train.is_dir() else []
 
-    def _folder(self, split: str, train: bool) -> ImageFolderChecked:
+    def _folder(self, split: str, train: bool) -> ImageFolderChecked | ShardDataset:
         root = self.data_dir / split
+        if is_shards(self.data_dir):  # converted by `python -m datamodules.shards convert`: read the shards
+            shards = ShardDataset(
+                self.data_dir,
+                split,
+                self._transform(train),
+                decoder=self.hparams.decode,
+                min_side=min_side_for(self.hparams.image_size, train),
+                skip_unreadable=self.hparams.skip_unreadable,
+            )
+            if len(shards.classes) != self.num_classes:
+                raise ImageNetDataError(
+                    f"the shards in {self.data_dir.resolve()} hold {len(shards.classes)} classes but the model is "
+                    f"built for {self.num_classes} (data.num_classes): drop data.num_classes or convert the right data"
+                )
+            return shards
+        if (self.data_dir / PLAN).is_file():
+            raise ImageNetDataError(
+                f"{self.data_dir.resolve()} is an unfinished shard conversion (no manifest.json): run the same "
+                "`python -m datamodules.shards convert` command again to finish it"
+            )
         if not self.data_dir.is_dir():
             raise ImageNetDataError(
                 f"data.data_dir {self.data_dir.resolve()} does not exist. Fix: --data.data_dir <the folder holding "
@@ -216,9 +271,15 @@ class ImageNetDataModule(ImageDataModule):
                 "val/<class>/<image> (ImageFolder layout). To arrange the official flat validation folder run "
                 "`python -m datamodules.imagenet_val --help`; to run without data use --data.synthetic true."
             )
-        transform = classic_transforms(self.hparams.image_size, train, uint8=self.hparams.normalize_on_device)
+        transform = self._transform(train)
         try:
-            dataset = ImageFolderChecked(root, transform, skip_unreadable=self.hparams.skip_unreadable)
+            dataset = ImageFolderChecked(
+                root,
+                transform,
+                skip_unreadable=self.hparams.skip_unreadable,
+                decoder=self.hparams.decode,
+                min_side=min_side_for(self.hparams.image_size, train),
+            )
         except FileNotFoundError as err:  # ImageFolder: no class folder or no image in one
             said = str(err).rstrip(".")
             said = said if str(root) in said else f"{root.resolve()}: {said}"  # "no valid file" names no folder
@@ -233,7 +294,18 @@ class ImageNetDataModule(ImageDataModule):
             )
         return dataset
 
+    def _transform(self, train: bool) -> v2.Compose:
+        # uint8 when normalised on the device; always under decode gpu, whose transform runs there
+        uint8 = self.hparams.normalize_on_device or self.hparams.decode == "gpu"
+        return classic_transforms(self.hparams.image_size, train, uint8=uint8)
+
     def setup(self, stage: str | None = None) -> None:
+        # here, not in __init__: the CLI wraps an __init__ error into its own long message
+        if self.hparams.decode == "gpu" and not torch.cuda.is_available():
+            raise ImageNetDataError(
+                "data.decode gpu decodes on the GPU with nvJPEG, but this machine has no CUDA device: "
+                "use --data.decode cpu (the default) here."
+            )
         super().setup(stage)
         size = self.hparams.image_size
         if self.hparams.synthetic:
@@ -253,12 +325,15 @@ class ImageNetDataModule(ImageDataModule):
                     )
         train = getattr(self, "train_set", None)
         rank_zero_info(
-            f"ImageNet data ({'synthetic' if self.hparams.synthetic else self.data_dir}): "
+            f"ImageNet data ({'synthetic' if self.hparams.synthetic else self.data_dir}"
+            f"{', shards' if is_shards(self.data_dir) and not self.hparams.synthetic else ''}): "
             f"{len(train) if train is not None else '-'} training and {len(self.val_set)} validation images, "
             f"{self.num_classes} classes, {size}px, {self.batch_size} per device"
         )
 
     def _collate(self) -> dict[str, Any]:
+        if self.hparams.decode == "gpu" and not self.hparams.synthetic:
+            return {"collate_fn": collate_encoded}
         return {"collate_fn": collate_skipping} if self.hparams.skip_unreadable and not self.hparams.synthetic else {}
 
     def train_dataloader(self) -> DataLoader:
@@ -279,6 +354,14 @@ class ImageNetDataModule(ImageDataModule):
     def input_shape(self) -> tuple[int, int, int]:
         """One image, channels first: the model summary's example input (its FLOPs column)."""
         return (self.in_channels, self.hparams.image_size, self.hparams.image_size)
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        if self.hparams.decode == "gpu" and isinstance(batch, (list, tuple)) and isinstance(batch[0], list):
+            images, labels = batch
+            training = self.trainer.training if self.trainer is not None else True
+            device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cuda")
+            return decode_on_device(images, self._transform(training), device), labels
+        return batch
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         if isinstance(batch, torch.Tensor):  # the model summary's example input: float images, no labels

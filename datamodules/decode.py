@@ -1,0 +1,100 @@
+"""The one place that turns encoded image bytes into pixels, for the folder and the shard pipelines alike.
+
+``--data.decode`` picks the decoder:
+
+- ``cpu`` (default): JPEGs through TorchCodec's libjpeg-turbo decoder to a uint8 [3, H, W] tensor (the supported
+  successor of the deprecated ``torchvision.io.decode_jpeg``, as fast in a loader worker:
+  ``bench/results/loader.md``); anything else, and any JPEG that TorchCodec refuses, through PIL.
+- ``pil``: PIL for every image (the decoder torchvision's ImageFolder uses), for comparison.
+- ``gpu``: the workers only read the bytes; the main process decodes each batch on its GPU with nvJPEG (TorchCodec
+  on CUDA) and the transforms run there. Needs CUDA.
+
+Reduced-size decoding: libjpeg can decode a JPEG at 1/2, 1/4 or 1/8 of its size in the DCT domain, much cheaper
+than decoding it whole and shrinking it afterwards. :func:`decode` asks for it (PIL's ``Image.draft``) whenever the
+shorter side still keeps at least ``min_side`` pixels, the most the transform will use (``min_side_for``); TorchCodec
+has no such option, so those JPEGs go through PIL.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import math
+import warnings
+from collections.abc import Callable
+from typing import Any, Literal
+
+import torch
+from PIL import Image
+
+Decoder = Literal["cpu", "pil", "gpu"]
+DECODERS = ("cpu", "pil", "gpu")
+JPEG_MAGIC = b"\xff\xd8\xff"
+RANDOM_CROP_MIN_SCALE = 0.08  # torchvision's RandomResizedCrop default area fraction (and ratio 3/4 .. 4/3)
+
+
+def min_side_for(image_size: int, train: bool, crop_ratio: float = 0.875) -> int:
+    """The shortest source side that still gives the transform full resolution, for reduced-size decoding.
+
+    Evaluation resizes the shorter side to ``image_size / crop_ratio``. Training's RandomResizedCrop may take as
+    little as 8 % of the area at aspect ratio 3/4, a square of side ``sqrt(0.08 * 3/4) = 0.245`` of the image's:
+    the image must keep ``image_size / 0.245`` pixels so that even that crop is not upscaled.
+    """
+    if train:
+        return math.ceil(image_size / math.sqrt(RANDOM_CROP_MIN_SCALE * 3 / 4))
+    return round(image_size / crop_ratio)
+
+
+def _pil(data: bytes, min_side: int | None) -> Image.Image:
+    image = Image.open(io.BytesIO(data))
+    if min_side and image.format == "JPEG" and min(image.size) >= 2 * min_side:
+        image.draft("RGB", (min_side, min_side))  # DCT scaling: both sides stay >= min_side
+    return image.convert("RGB")
+
+
+def decode(data: bytes, decoder: Decoder = "cpu", min_side: int | None = None) -> torch.Tensor | Image.Image:
+    """RGB pixels of an encoded image: a uint8 [3, H, W] tensor (TorchCodec) or a PIL image.
+
+    Raises:
+        OSError: no decoder can read the bytes (PIL's UnidentifiedImageError and truncation are OSErrors).
+    """
+    if decoder != "pil" and data[:3] == JPEG_MAGIC:
+        if min_side:
+            header = Image.open(io.BytesIO(data))  # lazy: parses the header only
+            if min(header.size) >= 2 * min_side:
+                return _pil(data, min_side)
+        if _torchcodec() is not None:
+            try:
+                return decode_jpeg_tensor(data)
+            except RuntimeError:
+                pass  # truncated or unusual JPEGs: PIL decides, with the same error as for every other format
+    return _pil(data, min_side)
+
+
+@functools.cache
+def _torchcodec() -> Callable[..., Any] | None:
+    """TorchCodec's ``decode_jpeg``, imported on first use (it loads a native library built for one torch version);
+    None, with one warning, where it cannot be loaded: the CPU decoders then use PIL."""
+    try:
+        from torchcodec.decoders import decode_jpeg
+    except (ImportError, OSError, RuntimeError) as err:
+        warnings.warn(
+            f"TorchCodec cannot be loaded ({type(err).__name__}: {err}): JPEGs are decoded with PIL, about half as "
+            "fast per core. Install the torchcodec release built for this torch (constraints.txt pins it).",
+            stacklevel=2,
+        )
+        return None
+    return decode_jpeg
+
+
+def decode_jpeg_tensor(data: bytes, device: str | torch.device = "cpu") -> torch.Tensor:
+    """One JPEG through TorchCodec (libjpeg-turbo on CPU, nvJPEG on CUDA); RuntimeError if it refuses the bytes."""
+    decode_jpeg = _torchcodec()
+    if decode_jpeg is None:
+        raise RuntimeError("TorchCodec cannot be loaded")
+    return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode="RGB", device=device)
+
+
+def read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()

@@ -1,0 +1,80 @@
+"""The decoders on real photos: TorchCodec for JPEGs, PIL for the rest and for refused files, reduced-size decoding."""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import pytest
+import torch
+from PIL import Image
+from torchvision.transforms.v2.functional import pil_to_tensor
+
+from datamodules.decode import decode, min_side_for
+from datamodules.imagenet import ImageNetDataError, ImageNetDataModule
+from tests.e2e.test_bad_input import IMAGENET, cli  # noqa: F401  (the in-process CLI fixture)
+from tests.unit.test_imagenet import _photo_sources, photos  # noqa: F401  (the real-photo ImageFolder fixture)
+
+
+def _jpeg(image: Image.Image, quality: int = 90) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, "JPEG", quality=quality)
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def rocket() -> Image.Image:
+    return Image.open(_photo_sources()["rocket"][0]).convert("RGB")  # 640x427
+
+
+def test_jpeg_through_torchcodec_matches_pil_and_other_formats_and_refused_files_go_to_pil(rocket):
+    data = _jpeg(rocket)
+    fast = decode(data)
+    assert isinstance(fast, torch.Tensor) and fast.dtype == torch.uint8 and fast.shape == (3, 427, 640)
+    reference = pil_to_tensor(decode(data, "pil"))
+    # both are libjpeg-turbo: the same pixels up to the IDCT's rounding
+    assert (fast.int() - reference.int()).abs().float().mean() < 1.0
+    png = io.BytesIO()
+    rocket.save(png, "PNG")
+    assert isinstance(decode(png.getvalue()), Image.Image)  # not a JPEG: PIL
+    grey = decode(_jpeg(rocket.convert("L")))
+    assert grey.shape == (3, 427, 640)  # greyscale JPEGs come out RGB as well
+    with pytest.raises(OSError):  # truncated: TorchCodec refuses, PIL raises the error the datasets report
+        decode(data[:300])
+
+
+def test_reduced_size_decoding_keeps_what_the_transform_needs(rocket):
+    big = _jpeg(rocket.resize((2560, 1708)))
+    evaluation = min_side_for(224, train=False)
+    assert evaluation == 256
+    small = decode(big, min_side=evaluation)
+    # DCT scaling by 1/4: 640x427, the shorter side still above the 256 the evaluation resize needs
+    assert isinstance(small, Image.Image) and small.size == (640, 427)
+    training = min_side_for(224, train=True)  # the smallest RandomResizedCrop must not be upscaled
+    assert training == 915
+    assert decode(big, min_side=training).shape == (3, 1708, 2560)  # training needs more than half of 1708
+    huge = _jpeg(rocket.resize((3840, 2562)))
+    assert decode(huge, min_side=training).size == (1920, 1281)  # half of it still gives the smallest crop 313 px
+    assert decode(big).shape == (3, 1708, 2560)  # no min_side: full size
+    assert decode(_jpeg(rocket), min_side=evaluation).shape == (3, 427, 640)  # not 2x larger: full size, TorchCodec
+
+
+def test_folder_pipeline_prints_no_deprecation_warning(photos):  # noqa: F811
+    dm = ImageNetDataModule(data_dir=str(photos), batch_size=9, num_workers=0, image_size=32)
+    dm.setup("validate")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        images, labels = next(iter(dm.val_dataloader()))
+    assert images.shape == (9, 3, 32, 32) and len(labels) == 9
+    assert not [w for w in caught if issubclass(w.category, DeprecationWarning | UserWarning)], caught
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
+def test_gpu_decode_refused_without_cuda_in_one_line(cli, photos):  # noqa: F811
+    with pytest.raises(ImageNetDataError, match="no CUDA device"):
+        ImageNetDataModule(data_dir=str(photos), decode="gpu").setup("fit")
+    code, err = cli("fit", *IMAGENET, "--data.data_dir", str(photos), "--data.decode", "gpu")
+    assert code == 1
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines[-1].startswith("error: data.decode gpu decodes on the GPU") and "--data.decode cpu" in lines[-1]
+    assert "Traceback" not in err

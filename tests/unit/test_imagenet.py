@@ -184,7 +184,7 @@ def test_global_batch_size_is_split_or_refused_naming_every_factor():
     message = str(err.value)
     for part in (
         "global_batch_size=1000",
-        "16 processes (8 per node x 2 nodes)",
+        "world size 16 (8 processes per node x 2 nodes)",
         "accumulate_grad_batches 2 = 32",
         "992 or 1024",
         "data.batch_size",

@@ -218,7 +218,7 @@ class TrackingConfigCallback(SaveConfigCallback):
         super().setup(trainer, pl_module, stage)
 
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        config = yaml.safe_load(self.parser.dump(self.config, skip_none=False))
+        config = yaml.safe_load(self.parser.dump(self.config, skip_unset=False))
         params = redact({**config, "env": environment(trainer)})
         for logger in trainer.loggers:
             logger.log_hyperparams(params)

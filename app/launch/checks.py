@@ -369,6 +369,8 @@ def output_folders(plan: Plan, config: Any) -> dict[str, str]:
         if (save_dir := get(logger, "save_dir")) is not None:
             name = str(get(logger, "class_path", default="logger")).rsplit(".", 1)[-1]
             folders.setdefault(str(Path(save_dir).resolve()), f"the {name}'s save_dir")
+    if (dirpath := get(config, "checkpoint", "dirpath")) is not None:  # the --checkpoint group
+        folders.setdefault(str(Path(dirpath).resolve()), "checkpoint.dirpath")
     for callback in config.trainer.get("callbacks") or []:
         if (dirpath := get(callback, "dirpath")) is not None:
             name = str(get(callback, "class_path", default="callback")).rsplit(".", 1)[-1]

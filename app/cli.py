@@ -148,16 +148,15 @@ class CLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         # sync_batchnorm: the app's LayerSync, which also works on CPU (Lightning's converts to torch's SyncBatchNorm)
-        trainer = self.config_init[self.subcommand].trainer if self.subcommand else self.config_init.trainer
+        config = self.config_init[self.subcommand] if self.subcommand else self.config_init
+        trainer = config.trainer
         if trainer.get("sync_batchnorm"):
             kwargs.setdefault("plugins", with_sync_batchnorm(trainer.get("plugins")))
+        # the default callbacks (--callbacks.NAME, --checkpoint.*) first, then the config's own trainer.callbacks
         given = trainer.get("callbacks") or []
         given = list(given) if isinstance(given, list) else [given]
-        kwargs.setdefault("callbacks", default_callbacks(self._subcommand_config_init(), given) + given)
+        kwargs.setdefault("callbacks", default_callbacks(config, given) + given)
         return super().instantiate_trainer(**kwargs)
-
-    def _subcommand_config_init(self):
-        return self.config_init[self.subcommand] if self.subcommand else self.config_init
 
     def _run_subcommand(self, subcommand: str) -> None:
         with rendezvous_errors_explained(self.plan):  # a rendezvous timeout names the ranks the plan expected

@@ -1,5 +1,5 @@
 # `make demo`: set up and train MNIST with the default config, then print the official test-set accuracy.
-# `make test`: set up and run the whole test suite.
+# `make test`: set up and run the whole test suite. `make check`: lint + the fast tier (docs/development.md).
 # `make docs`: build the documentation site into site/ (strict: a broken link or anchor fails); `make docs-serve`.
 PYTHON ?= python3
 VENV ?= .venv
@@ -7,8 +7,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test lint clean slurm-up slurm-down update-pins gpu-wheels gpu-check test-compat docs docs-serve \
-	docs-screenshots
+.PHONY: venv demo test check lint clean slurm-up slurm-down update-pins gpu-wheels gpu-check test-compat docs \
+	docs-serve docs-screenshots
 
 # The tested set of every package (constraints.txt), so that `make test` tomorrow installs what passed today.
 $(STAMP): setup.cfg pyproject.toml constraints.txt
@@ -49,9 +49,19 @@ update-pins:
 	mv constraints.new constraints.txt
 	@echo "update-pins: the suite passed on the new set; constraints.txt rewritten (git diff constraints.txt)"
 
+# The fast tier: unit tests and quick end-to-end runs, everything not marked slow, distributed, slurm or gpu.
+FAST := not slow and not distributed and not slurm and not gpu
+
+check: lint
+	@$(BIN)/python -m pytest -q -m "$(FAST)" $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make check: pytest collected no tests - failing"; fi; exit $$rc
+
+# style, complexity (C901 over the library code) and the import contract (setup.cfg [importlinter])
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/ruff check --select C901 app datamodules modules
+	$(BIN)/lint-imports
 
 # The documentation site (mkdocs.yml, docs/). --strict with mkdocs.yml's `validation`: a broken link or anchor, a
 # missing bench/results file or a page left out of the nav fails the build. NO_MKDOCS_2_WARNING: mkdocs-material's

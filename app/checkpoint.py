@@ -8,8 +8,8 @@
   user opts out with ``--trust_checkpoint true`` (``AtomicCheckpointIO(weights_only=False)``) for a file they trust.
 - :func:`read_checkpoint` and :func:`check_fits`: the CLI's checks of ``--ckpt_path`` before a run uses it (missing,
   truncated, unsafe, another architecture), each a one-line message with the fix.
-- :func:`find_last_checkpoint`, :func:`hpc_checkpoint`, :func:`resolve_last`: which file ``--ckpt_path last`` and
-  SLURM's requeue resume from; :func:`evaluation_dirpath`: the folder a loaded checkpoint was saved in.
+- :func:`resolve_last`: ``--ckpt_path last`` (the file is :mod:`app.run_dir`'s, which owns the run folder's layout);
+  :func:`evaluation_dirpath`: the folder a loaded checkpoint was saved in.
 
 The random generator states of a checkpoint are :class:`app.callbacks.RNGState`'s.
 """
@@ -30,7 +30,12 @@ from typing import Any
 import torch
 from lightning.fabric.utilities.cloud_io import _load as pl_load
 from lightning.fabric.utilities.types import _PATH
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities import rank_zero_info
+
+from app import run_dir
+from app.run_dir import find_last_checkpoint, hpc_checkpoint  # noqa: F401  (their old home)
 
 TRUST_FLAG = "--trust_checkpoint true"
 
@@ -219,20 +224,6 @@ def check_fits(checkpoint: dict, path: _PATH, model: torch.nn.Module, arch: str 
     )
 
 
-def find_last_checkpoint(root_dir: str | Path) -> Path | None:
-    """The newest ``version_*/checkpoints/last.ckpt`` below ``root_dir``, or None."""
-    found = sorted(Path(root_dir).glob("version_*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
-    return found[-1] if found else None
-
-
-def hpc_checkpoint(root_dir: str | Path) -> Path | None:
-    """The ``hpc_ckpt_N.ckpt`` Lightning auto-resumes from under SLURM (highest N in ``root_dir``), or None."""
-    # the file Lightning's SLURM auto-requeue resumes from (checkpoint_connector._hpc_resume_path)
-    numbered = ((re.search(r"_(\d+)\.ckpt$", p.name), p) for p in Path(root_dir).glob("hpc_ckpt_*.ckpt"))
-    found = [(int(m.group(1)), p) for m, p in numbered if m]
-    return max(found)[1] if found else None
-
-
 def resolve_last(config: Any, subcommand: str | None) -> Path | None:
     """``--ckpt_path last`` means the newest run's ``last.ckpt`` in this experiment's folder; sets ``ckpt_path``.
 
@@ -240,11 +231,9 @@ def resolve_last(config: Any, subcommand: str | None) -> Path | None:
     every run, so it would never find the previous run. Returns the file (the caller lets the loggers continue its
     run), or None: nothing to resolve, or ``fit`` starting from scratch. Outside ``fit`` a missing file stops.
     """
-    from lightning.pytorch.utilities import rank_zero_info
-
     if config.get("ckpt_path") != "last":
         return None
-    root = config.trainer.default_root_dir or "."
+    root = run_dir.root(config.trainer.default_root_dir)
     last = find_last_checkpoint(root)
     if last is None and subcommand == "fit":
         rank_zero_info(f"--ckpt_path last: no {root}/version_*/checkpoints/last.ckpt yet; starting from scratch.")
@@ -286,8 +275,6 @@ def weights_from_checkpoint(config: Any) -> None:
     """A run that loads a checkpoint takes the network's weights from it: ``model.weights`` (pretrained weights the
     first run started from) is not read again, so resuming or evaluating needs neither the file nor a download.
     The first run's ``config.yaml`` still names them."""
-    from lightning.pytorch.utilities import rank_zero_info
-
     weights = config.model.get("weights")
     if weights:
         rank_zero_info(f"model.weights {weights} not loaded: the checkpoint holds the network's weights")
@@ -305,7 +292,9 @@ def evaluation_dirpath(config: Any, checkpoint: dict | None) -> None:
     if len(folders) != 1:
         return  # none saved, or several checkpoint callbacks: nothing to infer
     (folder,) = folders
-    for callback in config.trainer.get("callbacks") or []:
+    if config.get("checkpoint") is not None and config.checkpoint.get("dirpath") is None:  # the --checkpoint group
+        config.checkpoint.dirpath = folder
+    for callback in config.trainer.get("callbacks") or []:  # a ModelCheckpoint given in trainer.callbacks
         init_args = getattr(callback, "init_args", None)
         if init_args is not None and init_args.get("dirpath") is None and _is_model_checkpoint(callback):
             init_args.dirpath = folder
@@ -313,7 +302,5 @@ def evaluation_dirpath(config: Any, checkpoint: dict | None) -> None:
 
 def _is_model_checkpoint(config: Any) -> bool:
     """Whether a ``class_path`` entry of the config names ModelCheckpoint or a subclass of it."""
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
     module, _, name = config.class_path.rpartition(".")
     return issubclass(getattr(importlib.import_module(module), name), ModelCheckpoint)

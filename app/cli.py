@@ -5,8 +5,9 @@ checks and ``last`` are :mod:`app.checkpoint`'s, logger folders and run identity
 :mod:`app.launch.preflight`'s, a user mistake (any :class:`~app.errors.UserError`) one ``error:`` line. The
 ``--local-rank`` that ``python -m torch.distributed.launch`` adds is taken out of the arguments here.
 
-Run layout: ``<trainer.default_root_dir>/version_N/`` holds the TensorBoard events, ``config.yaml`` (the resolved
-config) and ``checkpoints/`` (``last.ckpt`` plus the best by ``val/acc1``).
+Configs: ``configs/base.yaml`` (the machinery: default callbacks, the ``--checkpoint`` group, checkpoint I/O, logger) is
+always loaded, then one recipe: ``configs/mnist.yaml`` unless a ``--config`` file names its own ``data.class_path``.
+Run layout: :mod:`app.run_dir`.
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import yaml
 from jsonargparse import ArgumentError, Namespace
-from lightning.pytorch import LightningDataModule, Trainer
+from lightning.pytorch import Callback, LightningDataModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint as AnyModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 import app.strategies  # noqa: F401  (registers the strategy names before the parser reads them)
-from app.callbacks import StopAtAccuracy
+from app.callbacks import DEFAULTS, ModelCheckpoint, StopAtAccuracy
 from app.checkpoint import (
     AtomicCheckpointIO,
     check_fits,
@@ -43,6 +46,7 @@ from app.loggers import (
     continue_run_of,
     prepare_loggers,
     resume_torchrun_job,
+    run_dir_for_loggers,
     write_to_run_dir,
 )
 from app.quiet import silence_known_noise
@@ -50,7 +54,8 @@ from app.sync_batchnorm import with_sync_batchnorm
 from modules import ImageClassifier
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_CONFIG = ROOT / "configs" / "mnist.yaml"
+BASE_CONFIG = ROOT / "configs" / "base.yaml"  # always loaded first
+DEFAULT_RECIPE = ROOT / "configs" / "mnist.yaml"  # unless a --config file is a recipe (names data.class_path)
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
 
@@ -67,6 +72,17 @@ class CLI(LightningCLI):
         # Always present (a no-op without a target) and set with `--stop_at_accuracy.target 75` or a YAML fragment:
         # an entry of trainer.callbacks could only be configured by restating the whole list.
         parser.add_lightning_class_args(StopAtAccuracy, "stop_at_accuracy")
+        for name, callback in DEFAULTS.items():
+            parser.add_argument(
+                f"--callbacks.{name}",
+                type=bool,
+                default=True,
+                help=f"Add {callback.__module__.rsplit('.', 1)[0]}.{callback.__name__} (false: leave it out; one of "
+                "that class in trainer.callbacks replaces it).",
+            )
+        # ModelCheckpoint's arguments as a group, built in instantiate_trainer: not added at all when
+        # --trainer.enable_checkpointing is false (Lightning refuses a checkpoint callback then)
+        parser.add_class_arguments(ModelCheckpoint, "checkpoint", instantiate=False)
         parser.add_argument(
             "--launch.timeout",
             type=float | None,
@@ -132,9 +148,14 @@ class CLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         # sync_batchnorm: the app's LayerSync, which also works on CPU (Lightning's converts to torch's SyncBatchNorm)
-        trainer = self.config_init[self.subcommand].trainer if self.subcommand else self.config_init.trainer
+        config = self.config_init[self.subcommand] if self.subcommand else self.config_init
+        trainer = config.trainer
         if trainer.get("sync_batchnorm"):
             kwargs.setdefault("plugins", with_sync_batchnorm(trainer.get("plugins")))
+        # the default callbacks (--callbacks.NAME, --checkpoint.*) first, then the config's own trainer.callbacks
+        given = trainer.get("callbacks") or []
+        given = list(given) if isinstance(given, list) else [given]
+        kwargs.setdefault("callbacks", default_callbacks(config, given) + given)
         return super().instantiate_trainer(**kwargs)
 
     def _run_subcommand(self, subcommand: str) -> None:
@@ -144,7 +165,7 @@ class CLI(LightningCLI):
 
 
 def main(args: list[str] | None = None, run: bool = True, cli_class: type[CLI] | None = None) -> CLI:
-    """Parses ``args`` (default: ``sys.argv``) on top of ``configs/mnist.yaml`` and runs the subcommand.
+    """Parses ``args`` (default: ``sys.argv``) on top of :func:`default_config_files` and runs the subcommand.
 
     With ``run=False`` there is no subcommand: the classes are only instantiated (used by tests and tools).
     ``cli_class`` replaces :class:`CLI` (``app.slurm`` parses a command with it without running anything).
@@ -154,9 +175,9 @@ def main(args: list[str] | None = None, run: bool = True, cli_class: type[CLI] |
     # CLI.parse_arguments (exit_on_error=False) and user errors become one line; with run=False (tests, tools) the
     # caller gets the parser's own exit and the exceptions themselves.
     silence_known_noise()
-    args = accept_local_rank(sys.argv[1:] if args is None else args)
+    args = run_dir_for_loggers(accept_local_rank(sys.argv[1:] if args is None else args))
     strict = {"allow_abbrev": False, "exit_on_error": not run}
-    defaults = {"default_config_files": [str(DEFAULT_CONFIG)], **strict}
+    defaults = {"default_config_files": default_config_files(args), **strict}
     with user_errors_explained() if run else contextlib.nullcontext():
         return (cli_class or CLI)(
             ImageClassifier,
@@ -169,6 +190,42 @@ def main(args: list[str] | None = None, run: bool = True, cli_class: type[CLI] |
             args=args,
             run=run,
         )
+
+
+def default_config_files(args: list[str]) -> list[str]:
+    """``configs/base.yaml``, then ``configs/mnist.yaml`` unless a ``--config`` file in ``args`` is a recipe of its own.
+
+    A recipe names its data (``data.class_path``: configs/imagenet.yaml, a run's saved config.yaml) and states what
+    it trains from the class defaults, so it does not undo MNIST's settings; any other config (strategy/,
+    precision/, logger/, a file that only sets ``data.init_args``) stacks on the default recipe.
+    """
+    given = [args[i + 1] for i, arg in enumerate(args[:-1]) if arg in ("--config", "-c")]
+    given += [arg.partition("=")[2] for arg in args if arg.startswith("--config=")]
+    return [str(BASE_CONFIG)] + ([] if any(_is_recipe(path) for path in given) else [str(DEFAULT_RECIPE)])
+
+
+def _is_recipe(path: str) -> bool:
+    try:
+        config = yaml.safe_load(Path(path).read_text())
+    except (OSError, ValueError, yaml.YAMLError):  # the parser reports a missing or broken file
+        return False
+    data = config.get("data") if isinstance(config, dict) else None
+    return isinstance(data, dict) and "class_path" in data
+
+
+def default_callbacks(config: Namespace, given: list[Callback]) -> list[Callback]:
+    """The callbacks every run gets (``--callbacks.NAME``, ``--checkpoint.*``), except those switched off, those of
+    a class ``given`` (``trainer.callbacks``) already holds, and the checkpoint without checkpointing."""
+
+    def wanted(cls: type) -> bool:
+        return not any(isinstance(callback, cls) for callback in given)
+
+    switches = config.get("callbacks") or {}
+    chosen = [cls() for name, cls in DEFAULTS.items() if switches.get(name, True) and wanted(cls)]
+    checkpoint, enabled = config.get("checkpoint"), config.trainer.get("enable_checkpointing") is not False
+    if checkpoint is not None and enabled and wanted(AnyModelCheckpoint):
+        chosen.insert(0, ModelCheckpoint(**checkpoint))
+    return chosen
 
 
 def accept_local_rank(args: list[str]) -> list[str]:

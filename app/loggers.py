@@ -13,7 +13,9 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import inspect
 import netrc
 import os
 import pickle
@@ -33,7 +35,8 @@ from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_info
 
-from app.checkpoint import hpc_checkpoint, load_on_cpu
+from app import run_dir
+from app.checkpoint import load_on_cpu
 from app.launch.env import Launch
 
 SECRET_KEY = re.compile(r"(api[_-]?key|token|secret|password|credential)", re.IGNORECASE)
@@ -215,7 +218,7 @@ class TrackingConfigCallback(SaveConfigCallback):
         super().setup(trainer, pl_module, stage)
 
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        config = yaml.safe_load(self.parser.dump(self.config, skip_none=False))
+        config = yaml.safe_load(self.parser.dump(self.config, skip_unset=False))
         params = redact({**config, "env": environment(trainer)})
         for logger in trainer.loggers:
             logger.log_hyperparams(params)
@@ -236,7 +239,7 @@ class TrackingConfigCallback(SaveConfigCallback):
 def resumed_checkpoint(ckpt_path: str | None, root: Path) -> Path | None:
     """The checkpoint a fit will resume from: an explicit file, or the HPC checkpoint Lightning picks on SLURM."""
     if ckpt_path == "hpc" or (ckpt_path is None and SLURMEnvironment.detect()):
-        return hpc_checkpoint(root)
+        return run_dir.hpc_checkpoint(root)
     if ckpt_path and Path(ckpt_path).is_file():
         return Path(ckpt_path)
     return None
@@ -267,9 +270,8 @@ def resume_torchrun_job(config: Any, subcommand: str | None, launch: Launch) -> 
         return None
     if job == "none" and launch.restart_count == 0:
         return None
-    root = Path(config.trainer.get("default_root_dir") or ".")
-    found = sorted(root.glob("version_*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True)
-    last = next((p for p in found if read_identity(p).get("torchrun_job") == job), None)
+    root = run_dir.root(config.trainer.get("default_root_dir"))
+    last = run_dir.newest_last_of_job(root, job, lambda p: read_identity(p).get("torchrun_job"))
     if last is not None:
         config.ckpt_path = str(last)
         rank_zero_info(f"torchrun restart {launch.restart_count}: resuming {last}, the newest last.ckpt of job {job}")
@@ -283,11 +285,51 @@ def logger_configs(config: Any) -> list:
     return [lg for lg in loggers if hasattr(lg, "init_args")]
 
 
+RUN_DIR = "<run folder>"  # stands for trainer.default_root_dir until the config is complete (write_to_run_dir)
+
+
+def run_dir_for_loggers(args: list[str]) -> list[str]:
+    """``args`` where a ``--trainer.logger CLASS`` whose ``save_dir`` is required but not given writes into the run
+    folder, with the run folder's layout (``name ""``: ``version_N/`` directly in it), like the app's own loggers.
+
+    Lightning's ``CSVLogger`` and ``TensorBoardLogger`` require ``save_dir``; without it jsonargparse refuses the
+    whole ``trainer.logger`` value with a message about bools. The folder is not known until every config file and
+    option is read, so :data:`RUN_DIR` stands for it and :func:`write_to_run_dir` puts it in.
+    """
+    args = list(args)
+    for i in reversed(range(len(args))):
+        key, eq, value = args[i].partition("=")
+        if key != "--trainer.logger" or (not eq and i + 1 >= len(args)):
+            continue
+        end = i + 1 if eq else i + 2
+        given = {arg.partition("=")[0].replace(".init_args.", ".") for arg in args[end:]}
+        params = _init_parameters(value if eq else args[i + 1])
+        save_dir = params.get("save_dir")
+        if save_dir is None or save_dir.default is not inspect.Parameter.empty or "--trainer.logger.save_dir" in given:
+            continue
+        extra = ["--trainer.logger.save_dir", RUN_DIR]
+        if "name" in params and "--trainer.logger.name" not in given:
+            extra += ["--trainer.logger.name", ""]
+        args[end:end] = extra
+    return args
+
+
+def _init_parameters(class_path: str) -> dict[str, inspect.Parameter]:
+    """The ``__init__`` parameters of the logger class ``class_path`` names (a short name is Lightning's); none for
+    anything that is not an importable class (``false``, a dict, a typo the parser will name)."""
+    module, _, name = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module or "lightning.pytorch.loggers"), name)
+        return dict(inspect.signature(cls).parameters) if isinstance(cls, type) else {}
+    except (ImportError, AttributeError, ValueError, TypeError):
+        return {}
+
+
 def write_to_run_dir(config: Any) -> None:
     """A logger configured without ``save_dir`` writes into ``trainer.default_root_dir``: one folder to set."""
-    root = config.trainer.default_root_dir or "."
+    root = str(run_dir.root(config.trainer.default_root_dir))
     for logger in logger_configs(config):
-        if "save_dir" in logger.init_args and logger.init_args.save_dir is None:
+        if "save_dir" in logger.init_args and logger.init_args.save_dir in (None, RUN_DIR):
             logger.init_args.save_dir = root
 
 
@@ -296,7 +338,7 @@ def continue_run_of(config: Any, last: Path) -> None:
     resumed run keeps writing to the same TensorBoard version and run folder."""
     for logger in logger_configs(config):
         if "version" in logger.init_args:
-            logger.init_args.version = last.parent.parent.name
+            logger.init_args.version = run_dir.version_of(last)
 
 
 def prepare_loggers(config, subcommand: str | None) -> None:
@@ -333,7 +375,7 @@ def _group_the_nodes(nodes: int, wandb_cfgs: list) -> None:
 
 def _continue_the_checkpoints_run(config: Any, tb_cfgs: list, wandb_cfgs: list) -> None:
     """A fit resuming from a checkpoint of this run folder continues its TensorBoard version and W&B run id."""
-    root = Path(config.trainer.get("default_root_dir") or ".").resolve()
+    root = run_dir.root(config.trainer.get("default_root_dir")).resolve()
     checkpoint = resumed_checkpoint(config.get("ckpt_path"), root)
     if checkpoint is None or root not in checkpoint.resolve().parents:
         return

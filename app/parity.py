@@ -35,29 +35,28 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
+import app.strategies  # noqa: F401  (registers the app's strategy names)
+from app import cli as app_cli
 from app.collectives import check_collectives
 from app.launch.group import end_process_group
 from app.launch.torchrun import run_torchrun_job
 from app.strategies.layout import REFERENCE, layout_of, parity_modes
+from app.sync_batchnorm import with_sync_batchnorm
 
 _QUIET = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False, "enable_model_summary": False}
 
 
 def build(args: list[str], workdir: Path) -> tuple[Any, Any, Any]:
     """The config's model (dropout off), datamodule and trainer settings, through the app's own CLI."""
-    from app.cli import main
-
-    cli = main([*args, "--trainer.default_root_dir", str(workdir), "--trainer.logger", "false"], run=False)
-    for module in cli.model.modules():
+    built = app_cli.main([*args, "--trainer.default_root_dir", str(workdir), "--trainer.logger", "false"], run=False)
+    for module in built.model.modules():
         if isinstance(module, nn.modules.dropout._DropoutNd):
             module.p = 0.0
-    return cli.model, cli.datamodule, cli.config.trainer
+    return built.model, built.datamodule, built.config.trainer
 
 
 def _trainer(config: Any, steps: int, **kwargs: Any) -> Any:
     from lightning.pytorch import Trainer
-
-    from app.sync_batchnorm import with_sync_batchnorm
 
     plugins = kwargs.pop("plugins", [])  # a precision plugin given here replaces the config's precision
     settings = {
@@ -389,8 +388,6 @@ def table(results: dict) -> str:
 
 def parser() -> argparse.ArgumentParser:
     """The command line; ``--modes`` defaults to every registered mode whose layout claims exact parity."""
-    import app.strategies  # noqa: F401  (registers the app's strategy names)
-
     parser = argparse.ArgumentParser(prog="python -m app.parity", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", action="append", default=[], help="config file(s), as for cli.py")
     parser.add_argument("--steps", type=int, default=5, help="optimizer steps per mode (default 5)")

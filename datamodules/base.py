@@ -54,6 +54,26 @@ def nearest_multiples(global_batch_size: int, factor: int) -> tuple[int, int]:
     return max(factor, global_batch_size // factor * factor), (global_batch_size // factor + 1) * factor
 
 
+def uneven_global_batch(
+    global_batch_size: int, world_size: int, accumulate_grad_batches: int = 1, num_nodes: int | None = None
+) -> str | None:
+    """The one message for a ``global_batch_size`` that does not split over every factor (None when it does): the
+    DataModule raises it, the preflight reports it before anything starts."""
+    factor = world_size * accumulate_grad_batches
+    if global_batch_size > 0 and global_batch_size % factor == 0:
+        return None
+    if num_nodes and num_nodes > 1:
+        processes = f"{world_size // num_nodes} processes per node x {num_nodes} nodes"
+    else:
+        processes = f"{world_size} process{'es' if world_size > 1 else ''}"
+    lower, upper = nearest_multiples(global_batch_size, factor)
+    return (
+        f"data.global_batch_size={global_batch_size} does not split evenly over world size {world_size} "
+        f"({processes}) x trainer.accumulate_grad_batches {accumulate_grad_batches} = {factor}. Fix: a multiple of "
+        f"{factor} (e.g. {lower} or {upper}), the per-device data.batch_size instead, or another device count."
+    )
+
+
 def resolve_batch(
     batch_size: int,
     global_batch_size: int | None,
@@ -61,26 +81,17 @@ def resolve_batch(
     accumulate_grad_batches: int = 1,
     num_nodes: int | None = None,
 ) -> BatchPlan:
-    """Derives the per-device batch: ``batch_size`` as given, or ``global_batch_size`` split over every factor.
+    """The batch arithmetic, in one place: ``batch_size`` per device as given, or ``global_batch_size`` split over
+    every factor (processes x accumulation).
 
     Raises:
-        ValueError: ``global_batch_size`` is not a multiple of world size x accumulation; the message names the
-            factors and the nearest valid values.
+        ValueError: ``global_batch_size`` is not a multiple of world size x accumulation (:func:`uneven_global_batch`).
     """
     if global_batch_size is None:
         return BatchPlan(batch_size, world_size, accumulate_grad_batches)
+    if problem := uneven_global_batch(global_batch_size, world_size, accumulate_grad_batches, num_nodes):
+        raise ValueError(problem)
     factor = world_size * accumulate_grad_batches
-    if global_batch_size <= 0 or global_batch_size % factor:
-        if num_nodes and num_nodes > 1:
-            processes = f"{world_size} processes ({world_size // num_nodes} per node x {num_nodes} nodes)"
-        else:
-            processes = f"{world_size} process{'es' if world_size > 1 else ''}"
-        lower, upper = nearest_multiples(global_batch_size, factor)
-        raise ValueError(
-            f"data.global_batch_size={global_batch_size} cannot be split evenly: it must be a positive multiple of "
-            f"{processes} x trainer.accumulate_grad_batches {accumulate_grad_batches} = {factor}. "
-            f"Use e.g. {lower} or {upper}, or give the per-device data.batch_size instead."
-        )
     return BatchPlan(global_batch_size // factor, world_size, accumulate_grad_batches)
 
 

@@ -62,24 +62,7 @@ def read_labels(labels: Path, images: list[Path], devkit: Path | None = None) ->
     if rows and rows[0][:1] == ["ImageId"]:  # Kaggle LOC_val_solution.csv
         rows = [[r["ImageId"], r["PredictionString"].split()[0]] for r in csv.DictReader(text)]
     if rows and all(len(r) == 1 for r in rows):  # one label per image, in file-name order
-        if len(rows) != len(images):
-            raise ValLayoutError(
-                f"{labels} has {len(rows)} labels (one per line) but {len(images)} images were found; "
-                "one label per image, in sorted file-name order, is expected"
-            )
-        values = [r[0] for r in rows]
-        if all(v.isdigit() for v in values):
-            if devkit is None:
-                raise ValLayoutError(
-                    f"{labels} holds integer ILSVRC2012_IDs, which are not in wnid order: pass --devkit with the "
-                    "unpacked ILSVRC2012_devkit_t12 folder (its data/meta.mat maps IDs to wnids)"
-                )
-            to_wnid = _ilsvrc_id_to_wnid(devkit)
-            unknown = sorted({int(v) for v in values} - set(to_wnid))
-            if unknown:
-                raise ValLayoutError(f"{labels}: ILSVRC2012_IDs {unknown[:5]} are not in {devkit}/data/meta.mat")
-            values = [to_wnid[int(v)] for v in values]
-        return dict(zip(images, values, strict=True))
+        return _labels_in_file_order(labels, [r[0] for r in rows], images, devkit)
     mapping: dict[Path, str] = {}
     for row in rows:
         name, wnid = row[0], row[1] if len(row) > 1 else None
@@ -96,6 +79,27 @@ def read_labels(labels: Path, images: list[Path], devkit: Path | None = None) ->
     if unlabelled:
         raise ValLayoutError(f"{len(unlabelled)} images have no label in {labels}, e.g. {', '.join(unlabelled[:3])}")
     return mapping
+
+
+def _labels_in_file_order(labels: Path, values: list[str], images: list[Path], devkit: Path | None) -> dict[Path, str]:
+    """One label (a wnid or an integer ILSVRC2012_ID) per line of ``labels``, for ``images`` in file-name order."""
+    if len(values) != len(images):
+        raise ValLayoutError(
+            f"{labels} has {len(values)} labels (one per line) but {len(images)} images were found; "
+            "one label per image, in sorted file-name order, is expected"
+        )
+    if all(v.isdigit() for v in values):
+        if devkit is None:
+            raise ValLayoutError(
+                f"{labels} holds integer ILSVRC2012_IDs, which are not in wnid order: pass --devkit with the "
+                "unpacked ILSVRC2012_devkit_t12 folder (its data/meta.mat maps IDs to wnids)"
+            )
+        to_wnid = _ilsvrc_id_to_wnid(devkit)
+        unknown = sorted({int(v) for v in values} - set(to_wnid))
+        if unknown:
+            raise ValLayoutError(f"{labels}: ILSVRC2012_IDs {unknown[:5]} are not in {devkit}/data/meta.mat")
+        values = [to_wnid[int(v)] for v in values]
+    return dict(zip(images, values, strict=True))
 
 
 def arrange(

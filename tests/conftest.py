@@ -100,7 +100,20 @@ def fast_trainer(tmp_path, **kwargs):
     return Trainer(**{**defaults, **kwargs})
 
 
-def requires_cuda(n: int = 1):
-    """Skip with a readable reason unless ``n`` CUDA devices exist."""
+def run_if(cuda: int = 1) -> pytest.MarkDecorator:
+    """The one annotation a hardware test needs: ``@run_if(cuda=2)`` (or ``pytestmark = run_if(cuda=2)``) marks it
+    ``gpu`` and skips it with a readable reason unless that many CUDA devices exist (:func:`pytest_runtest_setup`)."""
+    return pytest.mark.gpu(cuda=cuda)
+
+
+def requires_cuda(n: int = 1) -> pytest.MarkDecorator:
+    """:func:`run_if` under its former name."""
+    return run_if(cuda=n)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A ``gpu`` test (``run_if``, or a bare ``pytest.mark.gpu``: one device) is skipped, saying why, without CUDA."""
+    needs = [mark.kwargs.get("cuda", 1) for mark in item.iter_markers("gpu")]
     have = torch.cuda.device_count()
-    return pytest.mark.skipif(have < n, reason=f"needs {n} CUDA device(s), found {have}")
+    if needs and have < max(needs):
+        pytest.skip(f"needs {max(needs)} CUDA device(s), found {have}")

@@ -2,10 +2,15 @@
 (:class:`RankEpochLoss`) and the final summary; the random generator states of checkpoints (:class:`RNGState`); the
 ranks' agreements (SIGTERM, requeue, lost rank).
 
-Checkpoint I/O lives in :mod:`app.checkpoint`.
+Checkpoint I/O lives in :mod:`app.checkpoint`. :data:`DEFAULTS` are the callbacks every run gets (the CLI's
+``--callbacks.NAME`` switches, configs/base.yaml); the checkpoint callback is the ``--checkpoint`` group's
+:class:`ModelCheckpoint`.
 """
 
+from lightning.pytorch import Callback
+
 from app.callbacks.amp import AMPHealth, NonFiniteLossError
+from app.callbacks.checkpoint import ModelCheckpoint
 from app.callbacks.lost_rank import LostRank, LostRankError
 from app.callbacks.lr_monitor import LearningRateMonitor
 from app.callbacks.rank_loss import RankEpochLoss
@@ -16,11 +21,25 @@ from app.callbacks.stop_at_accuracy import StopAtAccuracy
 from app.callbacks.summary import TrainingSummary
 from app.callbacks.throughput import Throughput
 
+# name of the --callbacks.NAME switch -> the callback, in the order the Trainer calls them
+DEFAULTS: dict[str, type[Callback]] = {
+    "lr_monitor": LearningRateMonitor,
+    "amp_health": AMPHealth,
+    "throughput": Throughput,
+    "summary": TrainingSummary,
+    "slurm_requeue": SLURMRequeue,
+    "rng_state": RNGState,
+    "sigterm": SIGTERMCheckpoint,
+    "lost_rank": LostRank,
+}
+
 __all__ = [
+    "DEFAULTS",
     "AMPHealth",
     "LearningRateMonitor",
     "LostRank",
     "LostRankError",
+    "ModelCheckpoint",
     "NonFiniteLossError",
     "RankEpochLoss",
     "RNGState",

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import signal
 import threading
-from pathlib import Path
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from app.callbacks import agree
+from app.run_dir import last_checkpoint_of
 
 EXIT_CODE = 128 + signal.SIGTERM  # 143: what a shell reports for a process ended by SIGTERM
 
@@ -77,9 +77,7 @@ class SIGTERMCheckpoint(Callback):
     def on_train_batch_end(self, trainer: Trainer, *args) -> None:
         if not self._watching or not agree.any_rank(trainer, "sigterm"):
             return
-        ckpt = trainer.checkpoint_callback
-        folder = Path(ckpt.dirpath if ckpt is not None and ckpt.dirpath else trainer.default_root_dir)
-        path = folder / f"{getattr(ckpt, 'CHECKPOINT_NAME_LAST', None) or 'last'}.ckpt"
+        ckpt, path = trainer.checkpoint_callback, last_checkpoint_of(trainer)
         if ckpt is not None:  # the file is ModelCheckpoint's own: its next save replaces it instead of writing last-v1
             ckpt.last_model_path = str(path)
         trainer.save_checkpoint(path)

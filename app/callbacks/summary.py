@@ -55,6 +55,10 @@ class TrainingSummary(Callback):
             "precision": trainer.precision,
             "AMP skipped steps": amp.skipped_steps if amp else None,
         }
+        # Lightning's Rich progress bar draws its last frame when it stops, in its teardown (after on_fit_end): stopped
+        # here, the bar of the last epoch is finished before the table, not drawn below it (TQDM's teardown: no-op)
+        if trainer.progress_bar_callback is not None:
+            trainer.progress_bar_callback.teardown(trainer, pl_module, "fit")
         # Trainer.log_dir broadcasts from rank 0: every rank must ask for it, not only the one that writes
         self._report(Path(trainer.log_dir or trainer.default_root_dir))
 

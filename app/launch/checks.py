@@ -16,8 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from app.config import get
+from app.errors import did_you_mean
 from app.launch.env import LAUNCHER_NAMES, main_address, resolves
 from app.launch.plan import Plan
+from app.strategies.dp import COMPILE_REFUSED
+from datamodules.base import uneven_global_batch
 
 FLAG = {"slurm": "--ntasks-per-node", "torchrun": "--nproc_per_node"}
 NODES_FLAG = {"slurm": "--nodes", "torchrun": "--nnodes"}
@@ -96,19 +99,10 @@ def nodes_cannot_meet(plan: Plan) -> str | None:
 
 
 def global_batch_does_not_split(plan: Plan) -> str | None:
-    from datamodules.base import nearest_multiples
-
     world, given = plan.launched_world_size, plan.global_batch_size
-    factor = (world or 1) * plan.accumulate
-    if given is None or not world or given % factor == 0:
+    if given is None or not world:
         return None
-    lower, upper = nearest_multiples(given, factor)
-    return (
-        f"data.global_batch_size={given} does not split evenly over world size {world} "
-        f"({plan.num_nodes} node(s) x {plan.devices} device(s)) x trainer.accumulate_grad_batches "
-        f"{plan.accumulate} = {factor}. Fix: a multiple of {factor} (e.g. {lower} or {upper}), or another "
-        "device count."
-    )
+    return uneven_global_batch(given, world, plan.accumulate, plan.num_nodes)
 
 
 def rendezvous_host_unresolved(plan: Plan) -> str | None:
@@ -202,8 +196,6 @@ def config_problems(config: Any) -> list[str]:
     """Names and numbers in the config that cannot work on any machine, each with its fix (checked at submit, too)."""
     from lightning.pytorch.accelerators import AcceleratorRegistry
     from lightning.pytorch.strategies import StrategyRegistry
-
-    from app.errors import did_you_mean
 
     problems, trainer = [], config.trainer
     strategy = trainer.get("strategy")
@@ -303,8 +295,6 @@ def too_few_gpus_for_the_processes(m: Machine) -> str | None:
 def compile_refused(m: Machine) -> str | None:
     if not (m.plan.layout.splits_batch and m.on_gpu and m.need > 1 and get(m.config, "model", "compile")):
         return None
-    from app.strategies.dp import COMPILE_REFUSED
-
     return COMPILE_REFUSED
 
 
@@ -321,8 +311,6 @@ def fp16_needs_a_gpu(m: Machine) -> str | None:
 def backend_unavailable(m: Machine) -> str | None:
     import torch
     import torch.distributed as dist
-
-    from app.errors import did_you_mean
 
     backend = get(m.config, "trainer", "strategy", "process_group_backend")
     if backend is None:
@@ -381,6 +369,8 @@ def output_folders(plan: Plan, config: Any) -> dict[str, str]:
         if (save_dir := get(logger, "save_dir")) is not None:
             name = str(get(logger, "class_path", default="logger")).rsplit(".", 1)[-1]
             folders.setdefault(str(Path(save_dir).resolve()), f"the {name}'s save_dir")
+    if (dirpath := get(config, "checkpoint", "dirpath")) is not None:  # the --checkpoint group
+        folders.setdefault(str(Path(dirpath).resolve()), "checkpoint.dirpath")
     for callback in config.trainer.get("callbacks") or []:
         if (dirpath := get(callback, "dirpath")) is not None:
             name = str(get(callback, "class_path", default="callback")).rsplit(".", 1)[-1]

@@ -13,6 +13,8 @@ from typing import Any
 
 from app.launch.env import LAUNCHER_NAMES, Launch
 from app.strategies.layout import Layout, layout_of
+from datamodules.base import resolve_batch
+from modules.classifier import linear_scaled_lr
 
 
 def device_count(devices: Any, accelerator: str | None) -> int | None:
@@ -82,15 +84,15 @@ class Plan:
 
     def batch(self) -> tuple[int | None, int | None]:
         """Images per device (``dp``: per process) and per optimizer step over every process."""
-        from datamodules.base import BatchPlan
-
         world = self.launched_world_size
-        if self.global_batch_size is not None and world:
-            return self.global_batch_size // (world * self.accumulate), self.global_batch_size
-        if self.batch_size is None or world is None:
+        if world is None or (self.batch_size is None and self.global_batch_size is None):
             return self.batch_size, None
         processes = 1 if self.layout.splits_batch else world
-        return self.batch_size, BatchPlan(self.batch_size, processes, self.accumulate).global_batch
+        try:
+            batch = resolve_batch(self.batch_size or 0, self.global_batch_size, processes, self.accumulate)
+        except ValueError:  # a global batch that does not split: the preflight's problem, which names the fix
+            return None, self.global_batch_size
+        return batch.per_device, batch.global_batch
 
     def _describe_lr(self, global_batch: int | None) -> str:
         reference = self.lr_reference_batch_size
@@ -98,8 +100,6 @@ class Plan:
             return f"{self.lr} (as configured; model.lr_reference_batch_size unset, so not scaled by the batch)"
         if global_batch is None:
             return f"{self.lr} per {reference} images of global batch (linear scaling; global batch known at start)"
-        from modules.classifier import linear_scaled_lr
-
         scaled = linear_scaled_lr(self.lr, global_batch, reference)
         return f"{scaled:g} = {self.lr:g} per {reference} images x global batch {global_batch} (linear scaling)"
 

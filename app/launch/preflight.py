@@ -9,9 +9,11 @@ here with the fix spelled out.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
+from lightning.pytorch.utilities import rank_zero_info
+
+from app import run_dir
 from app.config import get
 from app.launch.checks import config_problems, launch_problems, machine_problems
 from app.launch.env import Launch, detect
@@ -27,14 +29,12 @@ class PreflightError(SystemExit):
 
 def build(config: Any, launch: Launch | None = None, timeout: float | None = None) -> Plan:
     """The plan for a parsed subcommand config (LightningCLI's ``config[subcommand]``)."""
-    from app.checkpoint import hpc_checkpoint
-
     launch = launch or detect()
     trainer = config.trainer
     accelerator = str(trainer.get("accelerator") or "auto")
-    root = str(Path(trainer.get("default_root_dir") or ".").resolve())
+    root = str(run_dir.root(trainer.get("default_root_dir")).resolve())
     resume = config.get("ckpt_path")
-    if resume is None and launch.launcher == "slurm" and (hpc := hpc_checkpoint(root)) is not None:
+    if resume is None and launch.launcher == "slurm" and (hpc := run_dir.hpc_checkpoint(root)) is not None:
         resume = f"hpc: {hpc} (Lightning resumes from it automatically under SLURM)"
     strategy = trainer.get("strategy") or "auto"
     devices, nodes = device_count(trainer.get("devices", "auto"), accelerator), int(trainer.get("num_nodes") or 1)
@@ -65,8 +65,6 @@ def build(config: Any, launch: Launch | None = None, timeout: float | None = Non
 def preflight(config: Any, timeout: float | None = None, echo: bool = True) -> Plan:
     """Builds and checks the plan; rank 0 prints it. Every rank exits with the fix when the plan has problems."""
     plan = build(config, timeout=timeout)
-    from lightning.pytorch.utilities import rank_zero_info
-
     if plan.num_nodes != int(config.trainer.get("num_nodes") or 1):  # elastic torchrun: the Trainer's too
         plan.notes.append(
             f"trainer.num_nodes={config.trainer.get('num_nodes')} replaced by the {plan.num_nodes} node(s) torchrun "

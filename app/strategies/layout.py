@@ -13,6 +13,10 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from lightning.pytorch.strategies import StrategyRegistry
+
+from app.config import get
+
 Parity = Literal["exact", "close"] | None
 REFERENCE = "ddp"  # Lightning's DDP: the mode every other is compared with (``app.parity``'s "vs ddp" column)
 
@@ -51,10 +55,6 @@ def strategy_name(strategy: Any) -> str:
     """The registered name of ``trainer.strategy`` (``dp``, ``ddp``, ...), or its class path."""
     if isinstance(strategy, str):
         return strategy
-    from lightning.pytorch.strategies import StrategyRegistry
-
-    from app.config import get
-
     class_path = get(strategy, "class_path") or type(strategy).__name__
     module, _, qualname = str(class_path).rpartition(".")
     for name, entry in StrategyRegistry.items():
@@ -67,10 +67,6 @@ def strategy_name(strategy: Any) -> str:
 
 def _entry(strategy: Any) -> tuple[type | None, dict[str, Any]]:
     """The class and init arguments a strategy name, class or config (``class_path`` + ``init_args``) stands for."""
-    from lightning.pytorch.strategies import StrategyRegistry
-
-    from app.config import get
-
     if isinstance(strategy, type):
         return strategy, {}
     name = strategy_name(strategy)

@@ -30,8 +30,7 @@ PERF = {"perf/images_per_sec", "perf/images_per_sec_per_device", "perf/data_time
 
 def _throughput_flag() -> list[str]:
     """Adds the throughput callback unless the default config already has it (two would log the same keys)."""
-    callbacks = yaml.safe_load((ROOT / "configs" / "mnist.yaml").read_text())["trainer"].get("callbacks") or []
-    has_it = any(str(cb.get("class_path", "")).endswith("Throughput") for cb in callbacks)
+    has_it = yaml.safe_load((ROOT / "configs" / "base.yaml").read_text())["callbacks"].get("throughput", True)
     return [] if has_it else ["--trainer.callbacks+=app.callbacks.Throughput", "--trainer.callbacks.window=5"]
 
 

@@ -10,9 +10,7 @@ from app.callbacks import AMPHealth, Throughput
 from app.checkpoint import AtomicCheckpointIO
 from datamodules import MNISTDataModule
 from modules import ImageClassifier
-from tests.conftest import requires_cuda
-
-pytestmark = pytest.mark.gpu
+from tests.conftest import run_if
 
 
 class InfInGradient(Callback):
@@ -40,7 +38,7 @@ def per_step_sgd() -> ImageClassifier:
     )
 
 
-@requires_cuda(1)
+@run_if(cuda=1)
 def test_fp16_mixed_uses_the_real_grad_scaler_on_cuda(mnist_dir, tmp_path):
     seed_everything(0)
     amp = AMPHealth(message_interval_steps=1)
@@ -54,7 +52,7 @@ def test_fp16_mixed_uses_the_real_grad_scaler_on_cuda(mnist_dir, tmp_path):
     assert trainer.callback_metrics["perf/images_per_sec"] > 0
 
 
-@requires_cuda(1)
+@run_if(cuda=1)
 def test_bf16_mixed_trains_on_cuda(mnist_dir, tmp_path):
     seed_everything(0)
     trainer = cuda_trainer(tmp_path, [AMPHealth()], precision="bf16-mixed")
@@ -62,7 +60,7 @@ def test_bf16_mixed_trains_on_cuda(mnist_dir, tmp_path):
     assert trainer.callback_metrics["val/acc1"] > 0.7 and "amp/loss_scale" not in trainer.callback_metrics
 
 
-@requires_cuda(2)
+@run_if(cuda=2)
 @pytest.mark.parametrize("precision", ["16-mixed", "bf16-mixed"])
 def test_dp_with_amp(mnist_dir, tmp_path, precision):
     import app.strategies  # noqa: F401  (registers "dp")
@@ -79,7 +77,7 @@ def test_dp_with_amp(mnist_dir, tmp_path, precision):
         assert trainer.callback_metrics["amp/loss_scale"] == 2.0**16 / 2**amp.skipped_steps
 
 
-@requires_cuda(2)
+@run_if(cuda=2)
 def test_checkpoint_loads_onto_the_ranks_own_device(tmp_path):
     io = AtomicCheckpointIO()
     with torch.cuda.device(0):

@@ -11,9 +11,9 @@ from lightning.pytorch import Trainer, seed_everything
 from app.parity import compare
 from datamodules import MNISTDataModule
 from modules import ImageClassifier
-from tests.conftest import requires_cuda
+from tests.conftest import run_if
 
-pytestmark = [pytest.mark.gpu, requires_cuda(2)]
+pytestmark = run_if(cuda=2)
 SGD = ["--model.optimizer", "SGD", "--model.optimizer.lr", "0.05", "--model.optimizer.momentum", "0.9"]
 
 

@@ -16,9 +16,7 @@ from app.strategies import DDPModelParallelStrategy
 from datamodules import ImageNetDataModule, MNISTDataModule
 from datamodules.imagenet import normalize
 from modules import ImageClassifier
-from tests.conftest import requires_cuda
-
-pytestmark = pytest.mark.gpu
+from tests.conftest import run_if
 
 
 def _trainer(tmp_path, **kwargs) -> Trainer:
@@ -36,7 +34,7 @@ def _synthetic(batch_size: int = 8) -> ImageNetDataModule:
     )  # fmt: skip
 
 
-@requires_cuda(1)
+@run_if(cuda=1)
 def test_normalize_makes_no_blocking_copy_after_the_first_batch():
     images = torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8, device="cuda")
     normalize(images)  # the first call builds the statistics on the device
@@ -48,7 +46,7 @@ def test_normalize_makes_no_blocking_copy_after_the_first_batch():
     assert out.dtype == torch.float32 and out.device == images.device
 
 
-@requires_cuda(1)
+@run_if(cuda=1)
 def test_rng_restore_with_fewer_visible_gpus_than_saved_states():
     torch.cuda.init()
     state = _local_rng_state()
@@ -66,7 +64,7 @@ class _Losses(Callback):
         self.seen.append(float(outputs["loss"]))
 
 
-@requires_cuda(1)
+@run_if(cuda=1)
 @pytest.mark.parametrize("precision", ["16-true", "bf16-true"])
 def test_half_true_precisions_train_the_imagenet_datamodule(tmp_path, precision):
     """With the default Adam: under 16-true its eps=1e-8 was 0 in fp16 and the weights NaN after one step."""
@@ -86,7 +84,7 @@ class _Devices(Callback):
         self.devices = {p.device for p in pl_module.parameters()}
 
 
-@requires_cuda(2)
+@run_if(cuda=2)
 def test_ddp_mp_two_stages_on_nccl_fit_and_teardown(tmp_path):
     """NCCL must not be bound to the first stage's GPU; blocks are cut whole; hooks are gone after fit."""
     seed_everything(0)
@@ -102,14 +100,14 @@ def test_ddp_mp_two_stages_on_nccl_fit_and_teardown(tmp_path):
     assert sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules()) == 0
 
 
-@requires_cuda(2)
+@run_if(cuda=2)
 def test_dp_refuses_a_compiled_model(mnist_dir, tmp_path):
     model = ImageClassifier(arch="mnist_cnn", compile=True)
     with pytest.raises(RuntimeError, match="dp cannot run a compiled model"):
         _trainer(tmp_path, devices=2, strategy="dp").fit(model, MNISTDataModule(data_dir=str(mnist_dir)))
 
 
-@requires_cuda(2)
+@run_if(cuda=2)
 def test_dp_replicas_keep_channels_last_weights(mnist_dir, tmp_path):
     model = ImageClassifier(arch="mnist_cnn", channels_last=True)
     seen: dict[int, bool] = {}
@@ -122,7 +120,7 @@ def test_dp_replicas_keep_channels_last_weights(mnist_dir, tmp_path):
     assert seen == {0: True, 1: True}
 
 
-@requires_cuda(1)
+@run_if(cuda=1)
 def test_default_callbacks_train_without_a_host_sync_between_logging_steps(mnist_dir, tmp_path):
     """The steady-state step of the default config (its per-step callbacks, 32-true) under
     ``set_sync_debug_mode("error")``: any blocking CUDA call outside logging steps raises."""
@@ -152,7 +150,7 @@ def test_default_callbacks_train_without_a_host_sync_between_logging_steps(mnist
     assert trainer.global_step == 24 and guard.checked >= 18
 
 
-@requires_cuda(1)
+@run_if(cuda=1)
 def test_dp_replica_step_makes_no_blocking_copy():
     """Each replica's step under dp: its batch size was a blocking host-to-device copy (``new_tensor([n])``)."""
     import contextlib

@@ -1,0 +1,65 @@
+"""The run folder's layout, in one place: where a run writes and which file counts as "the last checkpoint".
+
+::
+
+    <trainer.default_root_dir>/            the run folder (configs: runs/<recipe>); loggers without save_dir write here
+        version_N/                         one run: TensorBoard events, config.yaml, summary.json
+            checkpoints/last.ckpt          the newest state of that run (``--ckpt_path last``, SIGTERM)
+            checkpoints/epoch=...ckpt      the best by val/acc1 (the --checkpoint group)
+        hpc_ckpt_N.ckpt                    SLURM's requeue checkpoint (Lightning saves and resumes the highest N)
+
+:mod:`app.checkpoint` (``--ckpt_path last``), :mod:`app.loggers` (a resumed or restarted run's folder),
+:class:`app.callbacks.SIGTERMCheckpoint` and the preflight ask this module; nothing else spells these names.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from lightning.pytorch import Trainer
+
+LAST = "last"  # ModelCheckpoint.CHECKPOINT_NAME_LAST: the file name of the newest state of a run, without ".ckpt"
+
+
+def root(default_root_dir: str | Path | None) -> Path:
+    """The run folder that ``trainer.default_root_dir`` names (the current folder when unset)."""
+    return Path(default_root_dir or ".")
+
+
+def last_checkpoints(root_dir: str | Path) -> list[Path]:
+    """Every run's ``version_*/checkpoints/last.ckpt`` below ``root_dir``, newest first."""
+    found = Path(root_dir).glob(f"version_*/checkpoints/{LAST}.ckpt")
+    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def find_last_checkpoint(root_dir: str | Path) -> Path | None:
+    """The newest ``version_*/checkpoints/last.ckpt`` below ``root_dir``, or None."""
+    found = last_checkpoints(root_dir)
+    return found[0] if found else None
+
+
+def newest_last_of_job(root_dir: str | Path, job: str, job_of: Callable[[Path], str | None]) -> Path | None:
+    """The newest ``last.ckpt`` below ``root_dir`` whose torchrun job (``job_of(file)``) is ``job``, or None."""
+    return next((p for p in last_checkpoints(root_dir) if job_of(p) == job), None)
+
+
+def version_of(last: Path) -> str:
+    """The ``version_N`` a run's ``version_N/checkpoints/last.ckpt`` belongs to (the loggers continue it)."""
+    return last.parent.parent.name
+
+
+def hpc_checkpoint(root_dir: str | Path) -> Path | None:
+    """The ``hpc_ckpt_N.ckpt`` Lightning auto-resumes from under SLURM (highest N in ``root_dir``), or None."""
+    # the file Lightning's SLURM auto-requeue resumes from (checkpoint_connector._hpc_resume_path)
+    numbered = ((re.search(r"_(\d+)\.ckpt$", p.name), p) for p in Path(root_dir).glob("hpc_ckpt_*.ckpt"))
+    found = [(int(m.group(1)), p) for m, p in numbered if m]
+    return max(found)[1] if found else None
+
+
+def last_checkpoint_of(trainer: Trainer) -> Path:
+    """Where this run writes its ``last.ckpt``: the checkpoint callback's folder, the run folder without one."""
+    ckpt = trainer.checkpoint_callback
+    folder = Path(ckpt.dirpath if ckpt is not None and ckpt.dirpath else trainer.default_root_dir)
+    return folder / f"{getattr(ckpt, 'CHECKPOINT_NAME_LAST', None) or LAST}.ckpt"

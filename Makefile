@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test lint clean slurm-up slurm-down update-pins gpu-wheels gpu-check test-compat
+.PHONY: venv demo test lint clean slurm-up slurm-down update-pins gpu-wheels gpu-check test-compat sabotage mutation
 
 # The tested set of every package (constraints.txt), so that `make test` tomorrow installs what passed today.
 $(STAMP): setup.cfg pyproject.toml constraints.txt
@@ -46,6 +46,11 @@ update-pins:
 	{ sed -n '1,2p' constraints.txt; .venv-pins/bin/python -m pip freeze --exclude-editable; } > constraints.new
 	mv constraints.new constraints.txt
 	@echo "update-pins: the suite passed on the new set; constraints.txt rewritten (git diff constraints.txt)"
+
+# A check of the tests (not part of `make test`): each tests/sabotage/*.patch breaks one feature in a copy of the tree,
+# and the tests it names must fail there. `make sabotage SABOTAGE=NAME` runs one.
+sabotage: venv
+	PYTHON=$(BIN)/python bash tests/sabotage/run.sh $(SABOTAGE)
 
 lint: venv
 	$(BIN)/ruff check .

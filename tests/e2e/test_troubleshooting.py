@@ -232,20 +232,26 @@ def test_an_image_folder_with_one_class(tmp_path, photos):
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_the_nan_stop_is_one_line_on_every_rank_and_saves_no_weights_only_checkpoint(tmp_path, mnist_dir):
-    """lr 1e12: the loss is NaN from the second step. A weights-only ModelCheckpoint (for which Lightning calls no
-    callback's ``on_save_checkpoint``) saves at the end of validation: the stop comes before it, on both ranks."""
+    """lr 1e12: the loss is NaN from the second step. The run's checkpoint is weights-only (Lightning then calls no
+    callback's ``on_save_checkpoint``) and, with validation twice an epoch, saved at the end of each validation (after
+    step 4 first, when the limit of 3 is reached): the stop comes before that save, on both ranks."""
+    config = tmp_path / "weights_only.yaml"
+    config.write_text(
+        "trainer:\n  callbacks:\n"
+        "    - class_path: lightning.pytorch.callbacks.ModelCheckpoint\n"
+        "      init_args: {save_weights_only: true, save_last: true}\n"
+        "    - class_path: app.callbacks.AMPHealth\n"
+    )
     done = run_cli(
-        *fit(tmp_path, *FAST), "--data.data_dir", str(mnist_dir), "--model.arch", "mnist_cnn",
-        "--model.optimizer.init_args.lr", "1e12", "--trainer.limit_train_batches", "6", "--data.batch_size", "16",
-        "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.logger", "false",
-        "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
-        "--trainer.callbacks.save_weights_only=true", "--trainer.callbacks.dirpath", str(tmp_path / "weights"),
-        timeout=300,
+        *fit(tmp_path, *FAST, "--config", str(config)), "--data.data_dir", str(mnist_dir), "--model.arch", "mnist_cnn",
+        "--model.optimizer.init_args.lr", "1e12", "--trainer.limit_train_batches", "8", "--data.batch_size", "16",
+        "--trainer.val_check_interval", "0.5",
+        "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.logger", "false", timeout=300,
     )  # fmt: skip
     line = one_error(done, "non-finite-loss", ranks=2)
     assert "the last checkpoint is untouched" in line
     assert sorted({ln.split(" at step")[0] for ln in done.stderr.splitlines() if ln.startswith("error: ")}) == [
-        "error: the training loss was not finite for 5 consecutive steps (steps 2..6, precision 32-true); loss on "
+        "error: the training loss was not finite for 3 consecutive steps (steps 2..4, precision 32-true); loss on "
         f"rank {r}"
         for r in (0, 1)
     ], done.stderr[-2000:]

@@ -21,11 +21,13 @@ def touch(path: Path, mtime: int) -> Path:
 
 def test_the_last_checkpoint_is_the_newest_run_s_not_the_highest_version(tmp_path):
     assert find_last_checkpoint(tmp_path) is None
-    touch(tmp_path / "version_10" / "checkpoints" / "last.ckpt", 1_000)
-    newest = touch(tmp_path / "version_2" / "checkpoints" / "last.ckpt", 2_000)
+    second = touch(tmp_path / "version_2" / "checkpoints" / "last.ckpt", 1_000)
+    tenth = touch(tmp_path / "version_10" / "checkpoints" / "last.ckpt", 2_000)  # by name, version_2 would be last
     touch(tmp_path / "version_3" / "checkpoints" / "epoch=1.ckpt", 3_000)  # not a last.ckpt
     touch(tmp_path / "other" / "checkpoints" / "last.ckpt", 4_000)  # not a run folder
-    assert find_last_checkpoint(tmp_path) == newest
+    assert find_last_checkpoint(tmp_path) == tenth
+    os.utime(second, (5_000, 5_000))  # a resumed run writes into its old folder: the newest file, not the highest N
+    assert find_last_checkpoint(tmp_path) == second
 
 
 def test_the_hpc_checkpoint_is_the_highest_number_not_the_longest_name(tmp_path):
@@ -55,4 +57,7 @@ def test_last_without_a_checkpoint_starts_fit_from_scratch_and_stops_the_others(
     cfg = config(tmp_path, "last")
     with pytest.raises(SystemExit) as stop:
         resolve_last(cfg, "test")
-    assert str(stop.value.code).startswith(f"error: --ckpt_path last: no checkpoint found under {tmp_path}/version_")
+    assert str(stop.value.code) == (
+        f"error: --ckpt_path last: no checkpoint found under {tmp_path}/version_*/checkpoints/. Train first with "
+        "`python cli.py fit` (same --trainer.default_root_dir), or pass --ckpt_path FILE."
+    )

@@ -39,9 +39,9 @@ def quotes() -> dict[str, list[str]]:
 
 
 def pattern(quote: str) -> re.Pattern:
-    """The regex of a quoted line: ``<...>`` and ``…`` match any text, the rest itself."""
+    """The regex of a quoted line: ``<...>`` and ``…`` match any text (none too), the rest itself."""
     parts = re.split(r"(<[^<>]*>|…)", quote.strip())
-    return re.compile("".join(".+?" if p == "…" or re.fullmatch(r"<[^<>]*>", p) else re.escape(p) for p in parts))
+    return re.compile("".join(".*?" if p == "…" or re.fullmatch(r"<[^<>]*>", p) else re.escape(p) for p in parts))
 
 
 def assert_documented(output: str, anchor: str, ranks: int = 1) -> str:

@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
 .PHONY: venv demo test check lint clean slurm-up slurm-down update-pins gpu-wheels gpu-check test-compat docs \
-	docs-serve docs-screenshots
+	docs-serve docs-screenshots sabotage mutation
 
 # The tested set of every package (constraints.txt), so that `make test` tomorrow installs what passed today.
 $(STAMP): setup.cfg pyproject.toml constraints.txt
@@ -48,6 +48,15 @@ update-pins:
 	{ sed -n '1,2p' constraints.txt; .venv-pins/bin/python -m pip freeze --exclude-editable; } > constraints.new
 	mv constraints.new constraints.txt
 	@echo "update-pins: the suite passed on the new set; constraints.txt rewritten (git diff constraints.txt)"
+
+# A check of the tests (not part of `make test`): each tests/sabotage/*.patch breaks one feature in a copy of the tree,
+# and the tests it names must fail there. `make sabotage SABOTAGE=NAME` runs one.
+sabotage: venv
+	PYTHON=$(BIN)/python bash tests/sabotage/run.sh $(SABOTAGE)
+
+# Mutation testing (not part of `make test`; CPU-heavy): tools/mutation.sh, MUTATION_SCOPE="checkpoint amp agree".
+mutation: venv
+	BIN=$(BIN) MUTATION_SCOPE="$(MUTATION_SCOPE)" bash tools/mutation.sh
 
 # The fast tier: unit tests and quick end-to-end runs, everything not marked slow, distributed, slurm or gpu.
 FAST := not slow and not distributed and not slurm and not gpu

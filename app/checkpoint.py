@@ -126,13 +126,19 @@ class CheckpointError(SystemExit):
     """A ``--ckpt_path`` the run cannot use; raised before anything is built, written or overwritten."""
 
 
+# torch's weights-only unpickler names the global it refused ("Unsupported global: GLOBAL os.makedirs was not an allowed
+# global"); bytes that are no pickle at all fail it too ("Unsupported operand 211"), and only the former is a refusal.
+_GLOBAL = re.compile(r"GLOBAL ([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)")
+
+
 def _refused(err: BaseException) -> bool:
-    return "Weights only load failed" in str(err) or "Unsupported global" in str(err)
+    """Whether the safe loader refused a pickled global (a file that holds code), not a file that is no pickle."""
+    return "Weights only load failed" in str(err) and _GLOBAL.search(str(err)) is not None
 
 
 def refusal(path: _PATH, err: BaseException) -> str:
     """Why the safe loader refused ``path`` (naming the pickled global it met) and the opt-out."""
-    found = re.search(r"GLOBAL ([\w.]+)", str(err))
+    found = _GLOBAL.search(str(err))
     what = f"a pickled Python object ({found.group(1)})" if found else "pickled Python objects"
     return (
         f"{path} holds {what} that could run code when loaded, so it was refused (checkpoints are loaded with "
@@ -172,7 +178,11 @@ def read_checkpoint(path: _PATH, trust: bool = False) -> dict:
         cause = err
     except Exception as err:  # zip/pickle/OS errors: a truncated copy, an interrupted download, another format
         cause = err
-    torch_says = (str(cause).strip().splitlines() or [type(cause).__name__])[0].split(". ")[0][:160]
+    lines = [line.strip() for line in str(cause).strip().splitlines() if line.strip()] or [type(cause).__name__]
+    notice = [i for i, line in enumerate(lines) if line.endswith("WeightsUnpickler error:")]
+    if notice:  # bytes that are no pickle: torch's first lines are its weights_only notice, then the reason
+        lines = lines[notice[0] + 1 :] or lines
+    torch_says = lines[0].split(". ")[0][:160]
     raise CheckpointError(
         f"{flag}: not a readable checkpoint; it is truncated or corrupt ({type(cause).__name__}: {torch_says}). "
         "Fix: use an intact copy or an earlier checkpoint of the run, or leave --ckpt_path out to start from scratch."

@@ -37,7 +37,7 @@ from app.checkpoint import (
     saved_hparams,
     weights_from_checkpoint,
 )
-from app.errors import UsageError, UserError, explain_parser_error, one_line, parser_options
+from app.errors import UsageError, UserError, explain_parser_error, linked, one_line, parser_options
 from app.launch.env import detect, split_local_rank
 from app.launch.preflight import preflight
 from app.launch.rendezvous import apply_timeout, join_this_attempt, rendezvous_errors_explained
@@ -243,10 +243,16 @@ def user_errors_explained() -> Iterator[None]:
 
     Every rank runs the same checks (preflight, the DataModule's ``setup``), so each stops on its own; a rank that
     still waits for one that left is told so by ``app.callbacks.LostRank``. ``PreflightError`` (a ``SystemExit``
-    carrying its ``error: ...`` message) needs no help here.
+    carrying its ``error: ...`` message) gets only the link to its section of the troubleshooting page, as every
+    ``error:`` line does (:func:`app.errors.linked`).
     """
     try:
         yield
     except UserError as err:  # the datamodules' and the zoo's errors are UserErrors too
-        print(f"error: {one_line(err)}", file=sys.stderr, flush=True)
+        print(linked(f"error: {one_line(err)}"), file=sys.stderr, flush=True)
         raise SystemExit(getattr(err, "exit_code", 1)) from None
+    except SystemExit as err:  # PreflightError, CheckpointError, LostRankError...: the message is the exit code
+        if isinstance(err.code, str) and err.code.startswith("error: "):
+            err.code = linked(err.code)
+            err.args = (err.code,)
+        raise

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import re
 from collections.abc import Iterable
 
@@ -109,4 +110,71 @@ def _options_of_a_name(key: str, short: str, option: str, value: str) -> str:
     return (
         f"--{option} needs a class, but {key} is the name {short!r}, which takes no options. Fix: name the class, "
         f"`--{key} {given} --{option} {value}`, or stack a config fragment (configs/strategy/*.yaml) and set it there."
+    )
+
+
+# --- Every error line ends with the link to its section of docs/troubleshooting.md ------------------------------------
+# The base is the page in this repository (what a clone has); a docs site sets DPTRAIN_DOCS_URL to its page's address,
+# e.g. https://example.org/dptrain/troubleshooting/ . The anchors are the headings' slugs (lower case, spaces -> "-"),
+# the same on GitHub and in mkdocs; tests/unit/test_troubleshooting_docs.py checks each one has its section.
+DOCS_URL = os.environ.get("DPTRAIN_DOCS_URL", "docs/troubleshooting.md")
+
+# (anchor, a regex searched in the message without its "error: " or "- "): the first that matches is the section
+SECTIONS: tuple[tuple[str, str], ...] = (
+    ("preflight", r"^preflight: this run cannot start"),
+    ("unknown-option", r"^unknown option "),
+    ("unknown-subcommand", r"^unknown subcommand "),
+    ("unknown-config-key", r"^unknown key \S+ in a config file"),
+    ("invalid-value", r"^[\w.]+=.* is not valid"),
+    ("unknown-strategy", r"^trainer\.strategy .* is not a registered strategy"),
+    ("unknown-arch", r"^Unknown model\.arch "),
+    ("unknown-accelerator", r"^trainer\.accelerator .* is unknown"),
+    ("batch-size", r"^data\.batch_size=\S+: a batch is a positive number"),
+    ("global-batch-size", r"^data\.global_batch_size=\S+ does not split evenly"),
+    ("no-gpu", r"^trainer\.accelerator \w+ asks for \S+ GPU"),
+    ("ddp-mp-gpus", r"^ddp_mp: trainer\.devices counts processes"),
+    ("dp-one-process", r"^strategy dp drives every device of ONE node"),
+    ("fp16-on-cpu", r"^precision 16-mixed .* needs a CUDA GPU"),
+    ("root-dir-not-writable", r"^trainer\.default_root_dir .* is not writable"),
+    ("mnist-missing", r"^MNIST file \S+ is not in "),
+    ("mnist-not-fetched", r"^MNIST is not in .* could not be fetched"),
+    ("mnist-corrupt", r"is corrupt or not the MNIST file it is named after"),
+    ("data-dir-missing", r"^data\.data_dir .* does not exist"),
+    ("no-class-folder", r"Couldn't find any class folder|Each class needs a folder with its images"),
+    ("one-class", r"has 1 class folder|a classifier needs at least 2 classes"),
+    ("different-class-folders", r"have different class folders"),
+    ("unreadable-image", r"^cannot read image "),
+    ("checkpoint-missing", r"^--ckpt_path .*: no such file"),
+    ("checkpoint-last-missing", r"^--ckpt_path last: no checkpoint found"),
+    ("checkpoint-corrupt", r"^--ckpt_path .*: not a readable checkpoint"),
+    ("checkpoint-other-arch", r"^--ckpt_path .* holds a \S+ network \(model\.arch in the checkpoint\)"),
+    ("checkpoint-does-not-fit", r"^--ckpt_path .* does not fit this model"),
+    ("checkpoint-with-code", r"that could run code when loaded"),
+    ("non-finite-loss", r"^the training loss was not finite"),
+    ("lost-rank", r"^lost rank "),
+)
+
+
+def docs_anchor(message: str) -> str | None:
+    """The anchor of the troubleshooting section for ``message`` (with or without its ``error: ``), or None."""
+    text = re.sub(r"^\s*(error: |- )", "", message)
+    return next((anchor for anchor, pattern in SECTIONS if re.search(pattern, text)), None)
+
+
+def with_link(line: str, default: str | None = None) -> str:
+    """``line`` ending with `` Help: <DOCS_URL>#<anchor>`` when a section explains it, else ``default``'s section
+    (once: linking a linked line is a no-op)."""
+    anchor = docs_anchor(line) or default
+    if anchor is None or f" Help: {DOCS_URL}#" in line:
+        return line
+    return f"{line} Help: {DOCS_URL}#{anchor}"
+
+
+def linked(text: str) -> str:
+    """Each ``error:`` line and each ``  - problem`` line of ``text`` (a preflight's list) with its link; a problem
+    without a section of its own links to the preflight's."""
+    if not text.startswith("error: preflight: "):  # other "  - " lines are details of one error (MNIST's "Tried:")
+        return "\n".join(with_link(ln) if ln.startswith("error: ") else ln for ln in text.split("\n"))
+    return "\n".join(
+        with_link(ln, "preflight") if ln.startswith(("error: ", "  - ")) else ln for ln in text.split("\n")
     )

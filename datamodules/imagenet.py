@@ -228,14 +228,35 @@ class ImageNetDataModule(ImageDataModule):
         self.save_hyperparameters(ignore=["num_classes"])
         self.data_dir = Path(data_dir)
         self.skipped: list[str] = []
-        folders = self._class_folders() if not synthetic else []
+        folders = self._class_folders(self.data_dir) if not synthetic else []
         self.num_classes = num_classes or len(folders) or NUM_CLASSES
+        if problems := self.config_problems(self.hparams):  # the CLI's preflight has said it already
+            raise ImageNetDataError(problems[0])
 
-    def _class_folders(self) -> list[str]:
-        if is_shards(self.data_dir):
-            return read_manifest(self.data_dir)["classes"]
-        train = self.data_dir / "train"
+    @staticmethod
+    def _class_folders(data_dir: Path) -> list[str]:
+        if is_shards(data_dir):
+            return read_manifest(data_dir)["classes"]
+        train = data_dir / "train"
         return sorted(p.name for p in train.iterdir() if p.is_dir()) if train.is_dir() else []
+
+    @classmethod
+    def config_problems(cls, init_args: Any) -> list[str]:
+        """What these arguments cannot train, each with its fix (the preflight asks before the DataModule is built):
+        a classifier of one class learns nothing, and torchmetrics refuses it with a traceback."""
+        if init_args.get("synthetic"):
+            return []
+        folders = cls._class_folders(Path(init_args["data_dir"])) if init_args.get("data_dir") else []
+        count = init_args.get("num_classes") or len(folders) or NUM_CLASSES
+        if count >= 2:
+            return []
+        where = f"data.num_classes={count}"
+        if len(folders) == 1 and not init_args.get("num_classes"):
+            where = f"{(Path(init_args.get('data_dir')) / 'train').resolve()} has 1 class folder ({folders[0]})"
+        return [
+            f"{where}, but a classifier needs at least 2 classes. Fix: put each class's images in a folder of its "
+            "own under train/ and val/ (train/<class>/<image>), or --data.synthetic true to run without data."
+        ]
 
     def _folder(self, split: str, train: bool) -> ImageFolderChecked | ShardDataset:
         root = self.data_dir / split

@@ -15,11 +15,13 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 
+from app.errors import UserError
 from app.logging_steps import is_logging_step
 
 
-class NonFiniteLossError(RuntimeError):
-    """Raised on every rank when the loss stayed NaN/inf for too many consecutive steps."""
+class NonFiniteLossError(UserError, RuntimeError):
+    """Raised on every rank when the loss stayed NaN/inf for too many consecutive steps (a user-facing outcome: the
+    CLI prints it as one ``error:`` line on every rank and exits 1)."""
 
 
 def grad_scaler(trainer: Trainer) -> torch.amp.GradScaler | None:
@@ -38,8 +40,11 @@ class AMPHealth(Callback):
     - ``max_nonfinite_steps`` consecutive non-finite losses (on any rank) stop the run on every rank with a
       :class:`NonFiniteLossError` naming the steps, the loss and the parameters whose gradients were not finite.
       The losses are counted on the device every step and read on logging steps (``trainer.log_every_n_steps``),
-      at each epoch's end and before any checkpoint is built (a run that reached the limit stops before the save),
-      and the steps in between carry no host read.
+      at each epoch's end and before any checkpoint is saved (a run that reached the limit stops before the save),
+      and the steps in between carry no host read. "Before any save" covers the weights-only checkpoints too, for
+      which Lightning calls no callback's ``on_save_checkpoint``: the check also runs where ModelCheckpoint saves
+      (the end of validation, and training batches at which it may save), before it, since Lightning runs the
+      checkpoint callbacks last.
 
     Args:
         max_nonfinite_steps: consecutive non-finite losses tolerated before stopping; ``None`` disables the guard
@@ -61,6 +66,7 @@ class AMPHealth(Callback):
         self._run = torch.zeros((), dtype=torch.int32)  # consecutive non-finite losses up to the last step
         self._longest = torch.zeros((), dtype=torch.int32)  # the longest such run
         self._last_loss: torch.Tensor | None = None
+        self._saved_after_nonfinite: int | None = None  # a step a save was allowed at just after a non-finite loss
 
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer) -> None:
         scaler = grad_scaler(trainer)
@@ -105,16 +111,22 @@ class AMPHealth(Callback):
             self._run = torch.where(finite, 0, self._run.to(finite.device) + 1)
             self._longest = torch.maximum(self._longest.to(finite.device), self._run)
             self._last_loss = loss.detach()
-        if logging_step:
-            self._check(trainer, pl_module)
+        saving = _checkpoint_may_save(trainer)
+        if logging_step or saving:
+            self._check(trainer, pl_module, before_save=saving)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._check(trainer, pl_module)
+        self._check(trainer, pl_module, before_save=True)
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # ModelCheckpoint saves here, after this callback; a weights-only save calls no on_save_checkpoint
+        if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:
+            self._check(trainer, pl_module, before_save=True)
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         # every rank builds every checkpoint (Lightning's contract for save_checkpoint), so all of them agree here
         if trainer.state.fn == TrainerFn.FITTING:
-            self._check(trainer, pl_module)
+            self._check(trainer, pl_module, before_save=True)
 
     def _undo_scheduler_steps(self) -> None:
         for scheduler, state, groups in self._snapshots:
@@ -138,7 +150,7 @@ class AMPHealth(Callback):
         rank_zero_info(message)
         self._last_message_step, self._unreported = step, 0
 
-    def _check(self, trainer: Trainer, pl_module: LightningModule) -> None:
+    def _check(self, trainer: Trainer, pl_module: LightningModule, before_save: bool = False) -> None:
         """Reads the counters (a host read: on logging steps, at the epoch's end and before a checkpoint is built)
         and stops every rank when any rank saw ``max_nonfinite_steps`` consecutive non-finite losses. One rank alone
         must never stop: the others would wait for it in the next collective forever."""
@@ -146,6 +158,8 @@ class AMPHealth(Callback):
             return
         run, longest = (int(v) for v in torch.stack([self._run, self._longest.to(self._run.device)]).tolist())
         if not trainer.strategy.reduce_boolean_decision(longest >= self.max_nonfinite_steps, all=False):
+            if before_save and run > 0:  # below the limit, but the weights about to be saved follow a non-finite loss
+                self._saved_after_nonfinite = trainer.global_step
             return
         raise NonFiniteLossError(self._diagnosis(trainer, pl_module, max(longest, self.max_nonfinite_steps), run))
 
@@ -164,10 +178,21 @@ class AMPHealth(Callback):
             f"the training loss was not finite for {longest} consecutive steps "
             f"({steps}, precision {trainer.precision}); loss on rank {trainer.global_rank} at step "
             f"{step}: {None if loss is None else loss.item()}. Parameters with non-finite gradients: {shown}. "
-            "Training was stopped before saving NaN weights; the last checkpoint is untouched "
-            "(resume with --ckpt_path last). Fix: lower the learning rate, clip gradients "
+            f"{self._checkpoints_said()} Fix: lower the learning rate, clip gradients "
             "(--trainer.gradient_clip_val 1.0), prefer precision bf16-mixed over 16-mixed, and check the inputs for "
             "NaNs. To tolerate more steps raise max_nonfinite_steps of the AMPHealth callback in trainer.callbacks."
+        )
+
+    def _checkpoints_said(self) -> str:
+        """What the stop means for the checkpoints, true in each case."""
+        if self._saved_after_nonfinite is None:
+            return (
+                "Training was stopped before saving NaN weights; the last checkpoint is untouched "
+                "(resume with --ckpt_path last)."
+            )
+        return (
+            f"Training was stopped, but a checkpoint may have been saved at step {self._saved_after_nonfinite}, just "
+            "after a non-finite loss (below the limit then): resume from a checkpoint saved before it, not the last."
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -175,3 +200,12 @@ class AMPHealth(Callback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.skipped_steps = int(state_dict.get("skipped_steps", 0))
+
+
+def _checkpoint_may_save(trainer: Trainer) -> bool:
+    """Whether a ModelCheckpoint may save at the end of this training batch (by step count or by time)."""
+    for callback in trainer.checkpoint_callbacks:
+        every = getattr(callback, "_every_n_train_steps", 0)
+        if (every and trainer.global_step % every == 0) or getattr(callback, "_train_time_interval", None):
+            return True
+    return False

@@ -12,6 +12,7 @@ import time
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from app.errors import with_link
 from app.launch.env import detect
 
 # what gloo (and c10d around it) says when the other end of a collective is gone or silent
@@ -91,7 +92,7 @@ class LostRank(Callback):
                 f"run.{torch_says}"
             )
         used_up = f" torchrun has no restart left ({most} of {most} used), so the job fails." if most else ""
-        return (
+        return with_link(
             f"error: lost rank {names} of {world} ({how}); rank {rank} stops too.{used_up}{torch_says} "
             "Fix: look at the lost rank's log and exit status (out of memory? killed by the scheduler? node down?), "
             "then resume the job with `--ckpt_path last`."

@@ -232,7 +232,21 @@ def config_problems(config: Any) -> list[str]:
     devices = trainer.get("devices")
     if isinstance(devices, int) and (devices == 0 or devices < -1):
         problems.append(f"trainer.devices={devices}: give a positive count, a list of indices, or auto.")
-    return problems
+    return problems + data_problems(config)
+
+
+def data_problems(config: Any) -> list[str]:
+    """The DataModule's own checks of its arguments (its ``config_problems(init_args)``, when it has one), before it
+    is built: an error raised while jsonargparse builds it would arrive inside its union's long message."""
+    import importlib
+
+    data = config.get("data")
+    module, _, name = str(getattr(data, "class_path", "") or "").rpartition(".")
+    try:
+        check = getattr(getattr(importlib.import_module(module), name), "config_problems", None) if module else None
+    except (ImportError, AttributeError):  # an unknown class: the parser says so
+        return []
+    return list(check(data.get("init_args") or {})) if callable(check) else []
 
 
 @dataclass

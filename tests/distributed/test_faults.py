@@ -30,6 +30,7 @@ from lightning.pytorch import Callback
 
 from app.callbacks.sigterm import EXIT_CODE
 from tests.conftest import ROOT
+from tests.troubleshooting import assert_documented
 
 HEARTBEAT = "tests.distributed.test_faults.Heartbeat"
 LAUNCH_TIMEOUT = 60  # --launch.timeout of the DDP jobs: a survivor must be out well before it
@@ -217,7 +218,7 @@ def test_ddp_sigterm_then_resume_then_a_killed_rank_is_named(mnist_dir, tmp_path
     # whichever notices first, the failed collective or Lightning's launcher polling its children, says it this way
     assert code == 1 and len(said) == 1 and "Traceback" not in out, out[-4000:]
     assert said[0].startswith(f"error: lost rank 1 of 2 (rank 1 pid {rank1_pid} exit -9;"), said
-    assert said[0].endswith("then resume the job with `--ckpt_path last`."), said
+    assert_documented(out, "lost-rank")  # ends with the link to its section, as docs/troubleshooting.md quotes it
     assert seconds < WELL_INSIDE, f"rank 0 took {seconds:.1f} s to exit; --launch.timeout is {LAUNCH_TIMEOUT} s"
     nothing_left(job.pid)
 
@@ -249,5 +250,6 @@ def test_sigterm_to_one_rank_stops_all_then_a_killed_launcher_rank0_is_named(mni
     assert len(said) == 1 and "Traceback" not in out, out[-4000:]
     assert said[0].startswith("error: lost rank 0 of 2 (its process hosted the rendezvous store at 127.0.0.1:"), said
     assert "rank 1 stops too" in said[0], said
+    assert_documented(out, "lost-rank")
     assert seconds < WELL_INSIDE, f"rank 1 took {seconds:.1f} s to exit; --launch.timeout is {LAUNCH_TIMEOUT} s"
     nothing_left(job.pid)

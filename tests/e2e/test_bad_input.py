@@ -16,6 +16,7 @@ import datamodules.mnist as mnist_module
 from app.cli import main
 from datamodules.mnist import FILES, find_file
 from tests.conftest import run_cli
+from tests.troubleshooting import assert_documented
 from tests.unit.test_imagenet import build_photo_imagenet
 
 FAST = [
@@ -74,6 +75,7 @@ def test_mnist_missing_and_no_network_says_what_was_tried(cli, tmp_path, monkeyp
     assert f"error: MNIST is not in {tmp_path / 'offline'}" in err and "could not be fetched" in err
     assert "torchvision's download mirrors" in err and "Connection refused" in err
     assert "Fix: copy the four files" in err
+    assert_documented(err, "mnist-not-fetched")
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +119,7 @@ def test_corrupt_jpeg_names_the_file_and_the_flag(cli, tmp_path, photos):
     assert code == 1
     assert f"error: cannot read image {bad}" in err and "--data.skip_unreadable true" in err
     assert "Traceback" not in err and "DataLoader worker" not in err
+    assert_documented(err, "unreadable-image")
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +147,7 @@ def test_resume_with_truncated_mnist_stops_and_keeps_last_ckpt(trained_run, mnis
     assert f"error: {data / 'train-images-idx3-ubyte'} is corrupt or not the MNIST file" in done.stderr
     assert "47040016 bytes" in done.stderr and "1000 bytes" in done.stderr and "Delete it and run again" in done.stderr
     assert "Traceback" not in done.stderr
+    assert_documented(done.stderr, "mnist-corrupt")
     assert (trained_run.read_bytes(), os.stat(trained_run).st_mtime_ns) == before
 
 

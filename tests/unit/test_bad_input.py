@@ -9,10 +9,12 @@ import pytest
 import torch
 
 from app.cli import main
+from app.errors import linked
 from app.launch.env import detect
 from app.launch.preflight import build, machine_problems
 from app.slurm import resolve_config
 from tests.conftest import ROOT
+from tests.troubleshooting import assert_documented
 
 
 @pytest.fixture
@@ -186,6 +188,8 @@ def test_ddp_mp_needs_devices_times_devices_per_process_gpus(ddp_mp_config, devi
     assert plan.strategy == "ddp_mp"
     (problem,) = machine_problems(plan, ddp_mp_config, cuda_devices=gpus)
     assert problem.startswith("ddp_mp: trainer.devices counts processes") and expected in problem
+    if devices == 4:  # the line docs/troubleshooting.md quotes, as the preflight prints it
+        assert_documented(linked(f"error: preflight: x\n  - {problem}"), "ddp-mp-gpus")
 
 
 def test_ddp_mp_that_fits_leaves_no_problem_and_notes_idle_gpus(ddp_mp_config):

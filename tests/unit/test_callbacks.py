@@ -149,6 +149,26 @@ def test_isolated_nonfinite_loss_is_tolerated(mnist_dir, tmp_path):
     assert all(torch.isfinite(p).all() for p in trainer.lightning_module.parameters())
 
 
+def test_nonfinite_losses_that_are_not_consecutive_are_tolerated(mnist_dir, tmp_path):
+    """Four NaN losses in eight steps, never two in a row: a limit of 2 *consecutive* ones is never reached (a counter
+    of all the non-finite losses would stop the run at the second)."""
+
+    class EveryOtherNaN(NaNInput):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if batch_idx % 2 == 1:
+                batch[0].fill_(float("nan"))
+
+    seed_everything(0)
+    amp = AMPHealth(max_nonfinite_steps=2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)  # the scaler skips each NaN step: the weights stay finite
+    trainer = trainer_for(
+        tmp_path, [EveryOtherNaN(start=1), amp], plugins=[MixedPrecision("16-mixed", "cpu", scaler)],
+        limit_train_batches=8, log_every_n_steps=1,
+    )  # fmt: skip
+    trainer.fit(per_step_model(), mnist(mnist_dir))
+    assert trainer.global_step == 8 and amp.skipped_steps == 4
+
+
 def test_amp_health_is_silent_without_a_scaler(mnist_dir, tmp_path):
     amp = AMPHealth()
     trainer = trainer_for(tmp_path, [amp], precision="bf16-mixed")

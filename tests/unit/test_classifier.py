@@ -88,6 +88,41 @@ def test_training_metrics_per_logging_step_and_over_the_epoch(mnist_dir, tmp_pat
     assert metrics["train/acc5_epoch"] > metrics["train/acc1_epoch"]
 
 
+def test_the_epoch_loss_weighs_every_batch_by_its_images_logged_or_not(mnist_dir, tmp_path):
+    """Batches of 32 and a last one of 5, logged every 3rd step: ``train/loss_epoch`` is the mean over every image of
+    the epoch (each batch weighted by the images it really had), the logged steps and the others alike; the top-k
+    epoch accuracies are counts of the epoch's images, so they are multiples of 1/229."""
+    from lightning.pytorch import Callback
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from datamodules.mnist import load_split
+
+    class Record(Callback):
+        def __init__(self) -> None:
+            self.losses: list[tuple[float, int]] = []
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.losses.append((float(outputs["loss"]), len(batch[1])))
+
+    images, labels = load_split(mnist_dir, train=True)
+    loader = DataLoader(TensorDataset(images[:229], labels[:229]), batch_size=32)  # 7 x 32 + 5
+    seed_everything(0)
+    record = Record()
+    trainer = fast_trainer(tmp_path, limit_train_batches=1.0, limit_val_batches=0, log_every_n_steps=3)
+    trainer.callbacks.append(record)
+    trainer.fit(ImageClassifier(arch="mnist_cnn", num_classes=10, in_channels=1), train_dataloaders=loader)
+    assert [n for _, n in record.losses] == [32] * 7 + [5]
+    weighted = sum(loss * n for loss, n in record.losses) / 229
+    unweighted = sum(loss for loss, _ in record.losses) / 8
+    assert abs(weighted - unweighted) > 1e-4  # the test can tell them apart
+    epoch = trainer.callback_metrics
+    assert float(epoch["train/loss_epoch"]) == pytest.approx(weighted, rel=1e-6)
+    for key in ("train/acc1_epoch", "train/acc5_epoch"):
+        hits = float(epoch[key]) * 229
+        assert hits == pytest.approx(round(hits), abs=1e-3) and 0 < round(hits) <= 229, key
+    assert epoch["train/acc5_epoch"] > epoch["train/acc1_epoch"]
+
+
 def test_training_values_reach_the_logger_only_on_logging_steps(mnist_dir, tmp_path):
     from lightning.pytorch.loggers import CSVLogger
 

@@ -42,13 +42,14 @@ def imagenet_args(root: Path, photos: str, workers: int) -> list[str]:
     ]  # fmt: skip
 
 
-def fit(root: Path, data: list[str], extra: list[str]):
+def fit(root: Path, data: list[str], extra: list[str], batches: int = 6):
     from app.cli import main
 
     return main([
         "fit", *data, "--trainer.default_root_dir", str(root), "--seed_everything", "7", "--trainer.max_epochs", "2",
-        "--trainer.limit_train_batches", "6", "--trainer.limit_val_batches", "1", "--trainer.accelerator", "cpu",
-        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+        "--trainer.limit_train_batches", str(batches), "--trainer.limit_val_batches", "1",
+        "--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false",
+        "--trainer.enable_model_summary", "false",
         f"--trainer.callbacks+={PROBE}", f"--trainer.callbacks.folder={root}", *extra,
     ])  # fmt: skip
 
@@ -57,19 +58,22 @@ def max_diff(a: dict, b: dict) -> float:
     return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 
 
-def legs(workdir: Path, data: list[str], extra: list[str], ranks: int, stop: int = STOP) -> dict:
-    """Uninterrupted, stopped by SIGTERM (rank 0 signals itself), resumed: what a user would compare."""
-    full = fit(workdir / "full", data, extra)
+def legs(workdir: Path, data: list[str], extra: list[str], ranks: int, stop: int = STOP, batches: int = 6) -> dict:
+    """Uninterrupted, stopped by SIGTERM (rank 0 signals itself), resumed: what a user would compare.
+
+    ``batches`` per epoch (2 epochs); the stop after global step ``stop``."""
+    full = fit(workdir / "full", data, extra, batches)
     code = None
     try:
-        fit(workdir / "stopped", data, [*extra, f"--trainer.callbacks+={SIGNAL}", f"--trainer.callbacks.step={stop}"])
+        signal = [f"--trainer.callbacks+={SIGNAL}", f"--trainer.callbacks.step={stop}"]
+        fit(workdir / "stopped", data, [*extra, *signal], batches)
     except SystemExit as stop_exit:
         code = stop_exit.code
     last = workdir / "stopped" / "version_0" / "checkpoints" / "last.ckpt"
     saved = torch.load(last, weights_only=True)
     kept = workdir / "stopped.ckpt"  # the resumed run replaces last.ckpt
     kept.write_bytes(last.read_bytes())
-    resumed = fit(workdir / "stopped", data, [*extra, "--ckpt_path", "last"])
+    resumed = fit(workdir / "stopped", data, [*extra, "--ckpt_path", "last"], batches)
     samples = {}
     for rank in range(ranks):
         a, b = read_samples(workdir / "full", rank), read_samples(workdir / "stopped", rank)

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 from lightning.pytorch import Callback
@@ -36,8 +37,8 @@ class SampleLog(Callback):
     ``<folder>/samples_rank<R>.jsonl``: a resumed run appends to what the stopped one wrote. A digest of the pixels
     names the sample and the augmentation it got (crop, flip)."""
 
-    def __init__(self, folder: str) -> None:
-        self.folder = folder
+    def __init__(self, folder: str, pause: float = 0.0) -> None:
+        self.folder, self.pause = folder, pause  # pause: seconds each batch takes longer (a slow step)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         images, labels = batch[0], batch[1]
@@ -52,6 +53,7 @@ class SampleLog(Callback):
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a") as f:
             f.write(json.dumps(line) + "\n")
+        time.sleep(self.pause)
 
 
 def read_samples(folder: Path, rank: int) -> list[dict]:

@@ -97,12 +97,12 @@ def legs(workdir: Path, data: list[str], extra: list[str], ranks: int, stop: int
     }
 
 
-def check(facts: dict, stop: int = STOP, steps: int = 12) -> None:
+def check(facts: dict, stop: int = STOP, steps: int = 12, batches: int = 12) -> None:
     assert facts["exit"] == 143 and facts["saved_step"] == stop and facts["saved_epoch"] == 1, facts
     assert facts["steps"] == [steps, steps], facts
     assert facts["loader_state"] and facts["loader_state"][0]["epoch"] == 1, facts
     for rank, seen in facts["samples"].items():
-        assert seen["trained"] == seen["recorded"] == steps, (rank, facts)  # stopped + resumed: each batch once
+        assert seen["trained"] == seen["recorded"] == batches, (rank, facts)  # stopped + resumed: each batch once
         assert seen["same"] and seen["epoch1_repeats"] == 0, (rank, facts)
     assert facts["max_diff"] == 0.0, f"resumed run differs from the uninterrupted one: {facts}"
 
@@ -113,8 +113,13 @@ def test_single_device_mid_epoch_resume_is_exact(mnist_dir, tmp_path, recwarn, c
     for workers in (0, 2):
         facts = legs(tmp_path / f"w{workers}", mnist_args(tmp_path, str(mnist_dir), workers), [], ranks=1)
         check(facts)
-    # another per-device batch, mid-epoch: one line naming the fix, nothing trained
+    # accumulate_grad_batches 2: SIGTERM arrives after step 3 (the end of epoch 0); the next batch is the first of an
+    # accumulation, so the stop waits for the batch after it (step 4, epoch 1 batch 1): nothing is rolled back
     data = mnist_args(tmp_path, str(mnist_dir), 0)
+    accumulated = legs(tmp_path / "acc2", data, ["--trainer.accumulate_grad_batches", "2"], ranks=1, stop=4)
+    check(accumulated, stop=4, steps=6, batches=12)
+    assert accumulated["loader_state"][0]["batches"] == 2, accumulated
+    # another per-device batch, mid-epoch: one line naming the fix, nothing trained
     batch16 = [*data[:3], "16", *data[4:]]
     with pytest.raises(SystemExit) as refused:
         fit(tmp_path / "batch16", batch16, ["--ckpt_path", facts["stopped_ckpt"]])

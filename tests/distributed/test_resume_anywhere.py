@@ -185,5 +185,20 @@ def job(out: Path, data_dir: str) -> None:
     dist.barrier()
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_mid_epoch_checkpoint_on_fewer_processes_is_refused(distributed_facts, mnist_dir, tmp_path, capsys):
+    """The 2-process ddp checkpoint, stopped mid-epoch, resumed on one device: one line naming the fix."""
+    with pytest.raises(SystemExit) as refused:
+        fit(
+            tmp_path,
+            mnist_args(tmp_path, str(mnist_dir), 0),
+            ["--ckpt_path", distributed_facts["ddp_w0"]["stopped_ckpt"]],
+        )
+    err = capsys.readouterr().err
+    (line,) = [x for x in err.splitlines() if x.startswith("error:")]
+    assert refused.value.code == 1 and "num_replicas 2 -> 1" in line and "trainer.devices/num_nodes" in line, line
+
+
 if __name__ == "__main__":
     job(Path(sys.argv[1]), sys.argv[2])

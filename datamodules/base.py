@@ -25,6 +25,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 
 from app.launch.env import Launch, detect
+from datamodules.resumable import ResumableLoader, ResumableSampler, SeededDataset, ignore_sigint
 
 Workers = int | Literal["auto"]  # --data.num_workers 4, or auto (see auto_workers)
 
@@ -172,6 +173,8 @@ class ImageDataModule(LightningDataModule):
         self.num_workers = num_workers  # an int once setup() has resolved "auto"
         self.batch_plan: BatchPlan | None = None
 
+    random_transforms = False  # True where the training transforms draw random numbers (crops, flips)
+
     @property
     def global_batch_size(self) -> int | None:
         """Images per optimizer step over all processes, known once ``setup()`` has run under a Trainer."""
@@ -212,20 +215,42 @@ class ImageDataModule(LightningDataModule):
         replicas, rank = kwargs["num_replicas"], kwargs["rank"]
         return UnrepeatedDistributedSampler(dataset, num_replicas=replicas, rank=rank, shuffle=False)
 
+    def _batches_done(self) -> int:
+        """Batches of the current epoch the training loop has completed (non-zero when resuming mid-epoch).
+
+        Also gives the training loader the checkpoint's loader state if Lightning has not: it does so only when its
+        fit loop first builds the loader, and a ``configure_optimizers`` that reads ``estimated_stepping_batches``
+        builds it before the checkpoint is restored, so the state would never arrive. This is Lightning's own
+        loading routine, called once the state is there (it is a no-op when already done).
+        """
+        trainer = self.trainer
+        if trainer is None or not trainer.training:
+            return 0
+        trainer.fit_loop._load_combined_loader_states()
+        return trainer.fit_loop.epoch_loop.batch_progress.current.ready
+
     def _loader(self, dataset: Dataset, train: bool, **kwargs: Any) -> DataLoader:
         """A loader with the per-device batch; evaluation loaders get the unpadded sampler when distributed.
 
-        Training loaders keep a plain shuffling sampler: Lightning swaps it for a ``DistributedSampler`` and calls
-        ``set_epoch`` under every distributed strategy.
+        The training loader is a :class:`~datamodules.resumable.ResumableLoader`: its shuffling sampler is a
+        ``DistributedSampler`` for every layout (Lightning injects no other and calls ``set_epoch`` every epoch), and
+        its position is saved in checkpoints, so a run stopped mid-epoch resumes with the very next batch. Subclasses
+        whose training transforms draw random numbers set ``random_transforms``: each sample is then loaded with the
+        generators seeded from (seed, epoch, sample), so a resumed run draws the same crops and flips.
         """
-        sampler = None if train else self._eval_sampler(dataset)
-        return DataLoader(
-            dataset,
+        common = dict(
             batch_size=self.batch_size,
-            shuffle=train,
-            sampler=sampler,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             pin_memory=torch.cuda.is_available(),
+            worker_init_fn=ignore_sigint if self.num_workers > 0 else None,  # Ctrl-C: the workers stay (resumable.py)
             **kwargs,
         )
+        if not train:
+            return DataLoader(dataset, shuffle=False, sampler=self._eval_sampler(dataset), **common)
+        dist_kwargs = self.trainer.distributed_sampler_kwargs if self.trainer is not None else None
+        replicas, rank = (dist_kwargs["num_replicas"], dist_kwargs["rank"]) if dist_kwargs else (1, 0)
+        sampler = ResumableSampler(dataset, num_replicas=replicas, rank=rank)
+        if self.random_transforms:
+            dataset = SeededDataset(dataset, sampler.seed)
+        return ResumableLoader(dataset, sampler, progress=self._batches_done, **common)

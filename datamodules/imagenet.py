@@ -203,6 +203,8 @@ class ImageNetDataModule(ImageDataModule):
 
     in_channels = 3
 
+    random_transforms = True  # RandomResizedCrop + flip: seeded per sample: a resumed run draws the same ones
+
     def __init__(
         self,
         data_dir: str = "data/imagenet",

@@ -47,7 +47,8 @@ class SLURMRequeue(Callback):
     def on_train_batch_end(self, trainer: Trainer, *args) -> None:
         if self._signum is None:
             return
-        if agree.any_rank(trainer, "slurm_requeue"):
+        # inside an accumulation the requeue waits for its optimizer step (a partial accumulation is not in checkpoints)
+        if agree.any_rank(trainer, "slurm_requeue") and not trainer.fit_loop.epoch_loop._should_accumulate():
             self._requested = False
             trainer._signal_connector._slurm_sigusr_handler_fn(self._signum, None)
 

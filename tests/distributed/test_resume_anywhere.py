@@ -1,0 +1,204 @@
+"""A run stopped mid-epoch by a real SIGTERM and resumed with ``--ckpt_path last`` ends exactly as an uninterrupted
+run: the same weights bit for bit, and every rank trained the same samples, in the same order, with the same
+augmentations (a digest of each sample's pixels after its crop and flip, recorded by ``tests.resume_probe.SampleLog``).
+
+Each scenario has three legs through the app's real CLI (``app.cli.main``): the uninterrupted run; the same run that
+sends itself SIGTERM so that it stops after a mid-epoch global step; and its resume. Single device runs in this
+process; ``ddp`` and ``allreduce`` run in one 2-process gloo job (torchrun), all their legs in one process group.
+Also here: a mid-epoch checkpoint resumed with another per-device batch is refused in one line, and a checkpoint
+without loader state (an earlier version's) resumes with one warning.
+
+Run as a module (``torchrun ... -m tests.distributed.test_resume_anywhere OUT DATA``) it is the distributed job.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.resume_probe import read_samples
+from tests.unit.test_imagenet import build_photo_imagenet
+
+PROBE, SIGNAL = "tests.resume_probe.SampleLog", "tests.resume_probe.SignalAt"
+STOP = 9  # 2 epochs x 6 batches: global step 9 is epoch 1, batch 3
+
+
+def mnist_args(root: Path, data_dir: str, workers: int) -> list[str]:
+    return [
+        "--data.data_dir", data_dir, "--data.batch_size", "8", "--data.num_workers", str(workers),
+        "--model.arch", "mnist_cnn",  # dropout: the generators' states matter
+    ]  # fmt: skip
+
+
+def imagenet_args(root: Path, photos: str, workers: int) -> list[str]:
+    return [
+        "--config", "configs/imagenet.yaml", "--data.data_dir", photos, "--model.arch", "resnet18",
+        "--data.image_size", "32", "--data.batch_size", "3", "--data.num_workers", str(workers),
+        "--trainer.devices", "1", "--model.optimizer.init_args.lr", "0.01",
+    ]  # fmt: skip
+
+
+def fit(root: Path, data: list[str], extra: list[str], batches: int = 6):
+    from app.cli import main
+
+    return main([
+        "fit", *data, "--trainer.default_root_dir", str(root), "--seed_everything", "7", "--trainer.max_epochs", "2",
+        "--trainer.limit_train_batches", str(batches), "--trainer.limit_val_batches", "1",
+        "--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false",
+        "--trainer.enable_model_summary", "false",
+        f"--trainer.callbacks+={PROBE}", f"--trainer.callbacks.folder={root}", *extra,
+    ])  # fmt: skip
+
+
+def max_diff(a: dict, b: dict) -> float:
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def legs(workdir: Path, data: list[str], extra: list[str], ranks: int, stop: int = STOP, batches: int = 6) -> dict:
+    """Uninterrupted, stopped by SIGTERM (rank 0 signals itself), resumed: what a user would compare.
+
+    ``batches`` per epoch (2 epochs); the stop after global step ``stop``."""
+    full = fit(workdir / "full", data, extra, batches)
+    code = None
+    try:
+        signal = [f"--trainer.callbacks+={SIGNAL}", f"--trainer.callbacks.step={stop}"]
+        fit(workdir / "stopped", data, [*extra, *signal], batches)
+    except SystemExit as stop_exit:
+        code = stop_exit.code
+    last = workdir / "stopped" / "version_0" / "checkpoints" / "last.ckpt"
+    saved = torch.load(last, weights_only=True)
+    kept = workdir / "stopped.ckpt"  # the resumed run replaces last.ckpt
+    kept.write_bytes(last.read_bytes())
+    resumed = fit(workdir / "stopped", data, [*extra, "--ckpt_path", "last"], batches)
+    samples = {}
+    for rank in range(ranks):
+        a, b = read_samples(workdir / "full", rank), read_samples(workdir / "stopped", rank)
+        samples[rank] = {
+            "same": [(x["epoch"], x["batch"], x["samples"]) for x in a]
+            == [(x["epoch"], x["batch"], x["samples"]) for x in b],
+            "trained": len(a),
+            "recorded": len(b),
+            # the interrupted epoch: each of its samples exactly once in the stopped + resumed runs
+            "epoch1_repeats": (lambda s: len(s) - len(set(s)))([d for x in b if x["epoch"] == 1 for d in x["samples"]]),
+        }  # fmt: skip
+    return {
+        "exit": code,
+        "saved_step": saved["global_step"],
+        "saved_epoch": saved["epoch"],
+        "loader_state": saved["loops"]["fit_loop"]["state_dict"].get("combined_loader"),
+        "steps": [full.trainer.global_step, resumed.trainer.global_step],
+        "max_diff": max_diff(full.model.state_dict(), resumed.model.state_dict()),
+        "samples": samples,
+        "stopped_ckpt": str(kept),
+    }
+
+
+def check(facts: dict, stop: int = STOP, steps: int = 12, batches: int = 12) -> None:
+    assert facts["exit"] == 143 and facts["saved_step"] == stop and facts["saved_epoch"] == 1, facts
+    assert facts["steps"] == [steps, steps], facts
+    assert facts["loader_state"] and facts["loader_state"][0]["epoch"] == 1, facts
+    for rank, seen in facts["samples"].items():
+        assert seen["trained"] == seen["recorded"] == batches, (rank, facts)  # stopped + resumed: each batch once
+        assert seen["same"] and seen["epoch1_repeats"] == 0, (rank, facts)
+    assert facts["max_diff"] == 0.0, f"resumed run differs from the uninterrupted one: {facts}"
+
+
+@pytest.mark.slow
+def test_single_device_mid_epoch_resume_is_exact(mnist_dir, tmp_path, recwarn, capsys):
+    """num_workers 0 and 2 (persistent workers), MNIST with dropout; then the refusal and the old-checkpoint line."""
+    for workers in (0, 2):
+        facts = legs(tmp_path / f"w{workers}", mnist_args(tmp_path, str(mnist_dir), workers), [], ranks=1)
+        check(facts)
+    # accumulate_grad_batches 2: SIGTERM arrives after step 3 (the end of epoch 0); the next batch is the first of an
+    # accumulation, so the stop waits for the batch after it (step 4, epoch 1 batch 1): nothing is rolled back
+    data = mnist_args(tmp_path, str(mnist_dir), 0)
+    accumulated = legs(tmp_path / "acc2", data, ["--trainer.accumulate_grad_batches", "2"], ranks=1, stop=4)
+    check(accumulated, stop=4, steps=6, batches=12)
+    assert accumulated["loader_state"][0]["batches"] == 2, accumulated
+    # another per-device batch, mid-epoch: one line naming the fix, nothing trained
+    batch16 = [*data[:3], "16", *data[4:]]
+    with pytest.raises(SystemExit) as refused:
+        fit(tmp_path / "batch16", batch16, ["--ckpt_path", facts["stopped_ckpt"]])
+    err = capsys.readouterr().err
+    assert refused.value.code == 1, err
+    (line,) = [x for x in err.splitlines() if x.startswith("error:")]
+    assert "saved mid-epoch (epoch 1, batch 3)" in line and "batch_size 8 -> 16" in line and "data.batch_size" in line
+    # a checkpoint of an earlier version (no loader state) resumes as before, with one warning
+    old = torch.load(facts["stopped_ckpt"], weights_only=True)
+    del old["loops"]["fit_loop"]["state_dict"]["combined_loader"]
+    torch.save(old, tmp_path / "old.ckpt")
+    fit(tmp_path / "old", data, ["--ckpt_path", str(tmp_path / "old.ckpt")])
+    lines = [str(w.message) for w in recwarn if "without the loader's position" in str(w.message)]
+    assert len(lines) == 1 and "batch 3 of epoch 1" in lines[0], lines
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> Path:
+    return build_photo_imagenet(tmp_path_factory.mktemp("imagenet"))
+
+
+@pytest.mark.slow
+def test_imagenet_folder_mid_epoch_resume_is_exact(photos, tmp_path):
+    """Real photos, RandomResizedCrop + flip in 2 workers: the resumed workers draw the same crops."""
+    check(legs(tmp_path, imagenet_args(tmp_path, str(photos), 2), [], ranks=1))
+
+
+@pytest.fixture(scope="module")
+def distributed_facts(mnist_dir, tmp_path_factory) -> dict:
+    from app.launch.torchrun import run_torchrun_job
+
+    out = tmp_path_factory.mktemp("resume_anywhere")
+    return run_torchrun_job(
+        "tests.distributed.test_resume_anywhere", [str(out), str(mnist_dir)], 2, out / "results.json", "resume",
+        timeout=900,
+    )  # fmt: skip
+
+
+SCENARIOS = {
+    "ddp_w0": (["--trainer.strategy", "ddp"], 0),
+    "ddp_w2": (["--trainer.strategy", "ddp"], 2),
+    "allreduce_w2": (["--trainer.strategy", "allreduce"], 2),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_distributed_mid_epoch_resume_is_exact(distributed_facts, scenario):
+    check(distributed_facts[scenario])
+
+
+def job(out: Path, data_dir: str) -> None:
+    """One rank of the torchrun job: the three legs of every scenario; rank 0 writes the facts."""
+    import torch.distributed as dist
+
+    results = {}
+    for name, (extra, workers) in SCENARIOS.items():
+        args = [*extra, "--trainer.devices", "2", "--launch.timeout", "120"]
+        results[name] = legs(out / name, mnist_args(out, data_dir, workers), args, ranks=2)
+    if dist.get_rank() == 0:
+        (out / "results.json").write_text(json.dumps(results, indent=1))
+    dist.barrier()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_mid_epoch_checkpoint_on_fewer_processes_is_refused(distributed_facts, mnist_dir, tmp_path, capsys):
+    """The 2-process ddp checkpoint, stopped mid-epoch, resumed on one device: one line naming the fix."""
+    with pytest.raises(SystemExit) as refused:
+        fit(
+            tmp_path,
+            mnist_args(tmp_path, str(mnist_dir), 0),
+            ["--ckpt_path", distributed_facts["ddp_w0"]["stopped_ckpt"]],
+        )
+    err = capsys.readouterr().err
+    (line,) = [x for x in err.splitlines() if x.startswith("error:")]
+    assert refused.value.code == 1 and "num_replicas 2 -> 1" in line and "trainer.devices/num_nodes" in line, line
+
+
+if __name__ == "__main__":
+    job(Path(sys.argv[1]), sys.argv[2])

@@ -1,0 +1,61 @@
+"""What the mid-epoch resume tests (and ``bench/resume_exact.py``) put into a real ``cli.py fit``: a real signal at a
+chosen global step, and a record of every sample each rank trained on.
+
+Kept free of the app's newer modules so the same file measures an older checkout ("before").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+from lightning.pytorch import Callback
+
+
+class SignalAt(Callback):
+    """Rank ``rank`` sends itself ``signum`` when the training batch that makes global step ``step - 1`` ends, so the
+    app stops at the end of the batch that makes global step ``step`` (its ranks agree on the signal at the next
+    batch's start). ``sigkill``: SIGKILL instead (a worker that dies; torchrun restarts the job)."""
+
+    def __init__(self, step: int = 17, signum: int = int(signal.SIGTERM), rank: int = 0, sigkill: bool = False) -> None:
+        self.step, self.signum, self.rank, self.sigkill = step, signum, rank, sigkill
+        self._sent = False
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self._sent or trainer.global_rank != self.rank or trainer.global_step != self.step - 1:
+            return
+        self._sent = True
+        os.kill(os.getpid(), signal.SIGKILL if self.sigkill else self.signum)
+
+
+class SampleLog(Callback):
+    """Appends, per training batch, ``{"epoch", "batch", "samples": [digest of each sample's image and label]}`` to
+    ``<folder>/samples_rank<R>.jsonl``: a resumed run appends to what the stopped one wrote. A digest of the pixels
+    names the sample and the augmentation it got (crop, flip)."""
+
+    def __init__(self, folder: str, pause: float = 0.0) -> None:
+        self.folder, self.pause = folder, pause  # pause: seconds each batch takes longer (a slow step)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        images, labels = batch[0], batch[1]
+        digests = [
+            hashlib.sha1(images[i].detach().cpu().numpy().tobytes() + bytes(str(int(labels[i])), "ascii")).hexdigest()[
+                :12
+            ]
+            for i in range(len(labels))
+        ]
+        line = {"epoch": trainer.current_epoch, "batch": batch_idx, "step": trainer.global_step, "samples": digests}
+        path = Path(self.folder) / f"samples_rank{trainer.global_rank}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:
+            f.write(json.dumps(line) + "\n")
+        time.sleep(self.pause)
+
+
+def read_samples(folder: Path, rank: int) -> list[dict]:
+    path = Path(folder) / f"samples_rank{rank}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []

@@ -24,6 +24,8 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 import app.strategies  # noqa: F401  (registers the strategy names before the parser reads them)
 from app.callbacks import StopAtAccuracy
+from app.callbacks.hang_watch import apply_flight_recorder, effective_timeout
+from app.callbacks.hang_watch import install as install_hang_watch
 from app.checkpoint import (
     AtomicCheckpointIO,
     check_fits,
@@ -75,6 +77,14 @@ class CLI(LightningCLI):
             "naming who is missing (default: the strategy's own, 1800 s for ddp).",
         )
         parser.add_argument(
+            "--launch.hang_timeout",
+            type=float,
+            default=600.0,
+            help="Seconds without a finished training or validation step on any rank before a multi-process job is "
+            "declared stuck: rank 0 names the rank behind and where it is, and every rank exits with status 1. 0 "
+            "turns the watch off. Set-up, the sanity check, the first step and checkpoint saves are not counted.",
+        )
+        parser.add_argument(
             "--trust_checkpoint",
             type=bool,
             default=False,
@@ -119,12 +129,15 @@ class CLI(LightningCLI):
             evaluation_dirpath(config, self._checkpoint)
         prepare_loggers(config, self.subcommand)  # W&B group; resumed run's identity
         # launcher vs config, before any process group exists; rank 0 prints the plan, every rank stops on a problem
-        self.plan = preflight(config, timeout=config.launch.timeout)
+        hang = effective_timeout(config.launch.hang_timeout, config.launch.timeout)
+        self.plan = preflight(config, timeout=config.launch.timeout, hang_timeout=hang)
 
     def instantiate_classes(self) -> None:
         super().instantiate_classes()
         config = self._subcommand_config()
         apply_timeout(self.trainer.strategy, config.launch.timeout)
+        install_hang_watch(self.trainer, (self.plan.hang_timeout if self.plan else None) or 0)
+        apply_flight_recorder(self.trainer.strategy, Path(self.trainer.default_root_dir) / "nccl_trace")
         if config.trust_checkpoint and isinstance(self.trainer.strategy.checkpoint_io, AtomicCheckpointIO):
             self.trainer.strategy.checkpoint_io.weights_only = False
         if getattr(self, "_checkpoint", None) is not None:  # before the Trainer's load_state_dict error wall

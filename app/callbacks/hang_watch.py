@@ -4,7 +4,8 @@ torch bounds each collective by the process-group timeout (30 min by default) an
 timed out; Lightning has nothing for a stuck rank. So every rank of a multi-process run starts a watchdog thread
 (:class:`HangWatch`). Through the job's rendezvous store (a TCPStore every rank reaches; this thread opens its own
 connection to it, so a main thread blocked in the store never blocks the watch) each thread publishes, about every
-``timeout / 10`` s (2 s at most), how far its rank got: a counter that moves when a training or validation step starts or ends.
+``timeout / 10`` s (2 s at most), how far its rank got: a counter that moves when a training or validation step
+starts or ends.
 Rank 0's thread reads them all. When no counter of any rank has moved for ``timeout`` seconds:
 
 - the rank behind is the one with the lowest counter (the others started a step it has not reached, and wait in it),
@@ -143,7 +144,7 @@ class HangWatch(Callback):
     def _end(self) -> None:
         if self._thread is not None:
             self._stop.set()
-            self._thread.join(timeout=10)
+            self._thread.join(timeout=2)  # a store call to a gone host must not hold up the exit
             self._thread = None
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:

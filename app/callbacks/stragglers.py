@@ -93,7 +93,7 @@ class Stragglers(Callback):
             return
         ranks = self._gather(trainer, self._window)
         self._window = [0.0, 0.0, 0]
-        pl_module.log_dict(metrics(ranks), on_step=True, on_epoch=False, rank_zero_only=True)
+        pl_module.log_dict(metrics(ranks), on_step=True, on_epoch=False)  # the same values on every rank
 
     def _gather(self, trainer: Trainer, sums: list) -> list[tuple[float, float]]:
         """Every rank's (own ms per step, data-wait share), by rank: one all-gather of 3 floats per rank."""

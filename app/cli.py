@@ -24,9 +24,13 @@ from jsonargparse import ArgumentError, Namespace
 from lightning.pytorch import Callback, LightningDataModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint as AnyModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero_info
 
 import app.strategies  # noqa: F401  (registers the strategy names before the parser reads them)
 from app.callbacks import DEFAULTS, ModelCheckpoint, StopAtAccuracy
+from app.callbacks.debug_checks import DEBUG_HANG_TIMEOUT, DebugChecks, apply_debug
+from app.callbacks.hang_watch import apply_flight_recorder, effective_timeout
+from app.callbacks.hang_watch import install as install_hang_watch
 from app.checkpoint import (
     AtomicCheckpointIO,
     check_fits,
@@ -91,6 +95,22 @@ class CLI(LightningCLI):
             "naming who is missing (default: the strategy's own, 1800 s for ddp).",
         )
         parser.add_argument(
+            "--launch.hang_timeout",
+            type=float,
+            default=600.0,
+            help="Seconds without a finished training or validation step on any rank before a multi-process job is "
+            "declared stuck: rank 0 names the rank behind and where it is, and every rank exits with status 1. 0 "
+            "turns the watch off. Set-up, the sanity check, the first step and checkpoint saves are not counted.",
+        )
+        parser.add_argument(
+            "--launch.debug",
+            type=bool,
+            default=False,
+            help="The preset for a bad day: TORCH_DISTRIBUTED_DEBUG=DETAIL, NCCL_DEBUG=INFO (one log file per "
+            "process), a hang timeout of 120 s at most, and checks that every rank has the same number of batches "
+            "at each epoch's start and logs the same metric keys on each logging step.",
+        )
+        parser.add_argument(
             "--trust_checkpoint",
             type=bool,
             default=False,
@@ -135,12 +155,28 @@ class CLI(LightningCLI):
             evaluation_dirpath(config, self._checkpoint)
         prepare_loggers(config, self.subcommand)  # W&B group; resumed run's identity
         # launcher vs config, before any process group exists; rank 0 prints the plan, every rank stops on a problem
-        self.plan = preflight(config, timeout=config.launch.timeout)
+        hang = config.launch.hang_timeout
+        if config.launch.debug:
+            hang = min(hang, DEBUG_HANG_TIMEOUT) if hang else DEBUG_HANG_TIMEOUT
+        hang = effective_timeout(hang, config.launch.timeout)
+        self.plan = preflight(config, timeout=config.launch.timeout, hang_timeout=hang)
 
     def instantiate_classes(self) -> None:
         super().instantiate_classes()
         config = self._subcommand_config()
         apply_timeout(self.trainer.strategy, config.launch.timeout)
+        install_hang_watch(self.trainer, (self.plan.hang_timeout if self.plan else None) or 0)
+        apply_flight_recorder(self.trainer.strategy, Path(self.trainer.default_root_dir) / "nccl_trace")
+        if config.launch.debug:
+            folder = Path(self.trainer.default_root_dir) / "debug"
+            backend = getattr(self.trainer.strategy, "_get_process_group_backend", lambda: "gloo")()
+            made = apply_debug(folder, backend)
+            self.trainer.callbacks.append(DebugChecks())
+            rank_zero_info(
+                f"--launch.debug: {' '.join(f'{k}={v}' for k, v in made.items()) or '(your debug variables kept)'}; "
+                f"hang timeout {self.plan.hang_timeout:g} s; checks: the same number of batches on every rank at each "
+                "epoch's start, the same metric keys on each logging step."
+            )
         if config.trust_checkpoint and isinstance(self.trainer.strategy.checkpoint_io, AtomicCheckpointIO):
             self.trainer.strategy.checkpoint_io.weights_only = False
         if getattr(self, "_checkpoint", None) is not None:  # before the Trainer's load_state_dict error wall

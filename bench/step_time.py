@@ -46,7 +46,8 @@ MODES: dict[str, tuple[int, tuple[str, ...], str | None]] = {
     "app_single": (1, ("plain_single",), "auto"),
     "app_dp": (1, ("plain_single",), "dp"),
     "app_ddp": (2, ("plain_ddp",), "ddp"),
-    # ddp with the default config's per-step callbacks (AMP health, throughput, signal and lost-rank checks)
+    # ddp with the default config's per-step callbacks (AMP health, throughput, signal and lost-rank checks,
+    # stragglers, the hang watch)
     "app_ddp_callbacks": (2, ("app_ddp", "plain_ddp"), "ddp"),
     "app_ddp_mp": (2, ("plain_ddp",), "ddp_mp"),
     "app_allreduce_per_param": (2, ("app_ddp", "plain_tutorial"), "allreduce_per_param"),
@@ -195,9 +196,11 @@ def _default_callbacks(mode: str) -> list:
     """For ``app_ddp_callbacks``: the callbacks of ``configs/mnist.yaml`` that act on every training step."""
     if mode != "app_ddp_callbacks":
         return []
-    from app.callbacks import AMPHealth, LostRank, RNGState, SIGTERMCheckpoint, SLURMRequeue, Throughput
+    from app.callbacks import AMPHealth, LostRank, RNGState, SIGTERMCheckpoint, SLURMRequeue, Stragglers, Throughput
+    from app.callbacks.hang_watch import HangWatch
 
-    return [AMPHealth(), Throughput(), SLURMRequeue(), RNGState(), SIGTERMCheckpoint(), LostRank()]
+    every_step = [AMPHealth(), Throughput(), SLURMRequeue(), RNGState(), SIGTERMCheckpoint(), LostRank()]
+    return [*every_step, Stragglers(), HangWatch()]  # HangWatch: what the CLI adds to every multi-process run
 
 
 @contextlib.contextmanager

@@ -18,6 +18,7 @@ from app.callbacks.requeue import SLURMRequeue
 from app.callbacks.rng import RNGState
 from app.callbacks.sigterm import SIGTERMCheckpoint
 from app.callbacks.stop_at_accuracy import StopAtAccuracy
+from app.callbacks.stragglers import Stragglers
 from app.callbacks.summary import TrainingSummary
 from app.callbacks.throughput import Throughput
 
@@ -27,6 +28,7 @@ DEFAULTS: dict[str, type[Callback]] = {
     "amp_health": AMPHealth,
     "throughput": Throughput,
     "summary": TrainingSummary,
+    "stragglers": Stragglers,
     "slurm_requeue": SLURMRequeue,
     "rng_state": RNGState,
     "sigterm": SIGTERMCheckpoint,
@@ -46,6 +48,7 @@ __all__ = [
     "SIGTERMCheckpoint",
     "SLURMRequeue",
     "StopAtAccuracy",
+    "Stragglers",
     "Throughput",
     "TrainingSummary",
 ]

@@ -152,4 +152,9 @@ class LostRank(Callback):
             return [0], f"its process hosted the rendezvous store at {where}, which no longer answers"
         if not missing:
             return [], "every rank answered the roll call, so the failure was in the network between them"
-        return missing, f"no answer within {self.roll_call_s:g} s after the collective failed: died or hangs"
+        # with the hang watch on (app.callbacks.hang_watch: its timeout is inside the collective's), a rank alive but
+        # stuck is named by it before any collective times out; so this is a dead rank, or a run with the watch off
+        return missing, (
+            f"no answer within {self.roll_call_s:g} s after the collective failed: it died, or it is alive but stuck "
+            "and `--launch.hang_timeout` (which names where a stuck rank is) is 0"
+        )

@@ -54,6 +54,7 @@ class Plan:
     root_dir: str
     resume: str | None
     timeout: float | None
+    hang_timeout: float | None = None  # the hang watch's (``app.callbacks.hang_watch``); 0: off
     accumulate: int = 1
     lr_reference_batch_size: int | None = None
     layout: Layout | None = None  # default: the registered strategy's layout on ``devices``
@@ -169,5 +170,13 @@ class Plan:
         ]
         if self.timeout is not None:
             lines.append(f"timeout      ranks wait {self.timeout:g} s for each other (--launch.timeout)")
+        if self.hang_timeout is not None and (self.launched_world_size or 1) > 1:
+            watch = (
+                f"a rank without a finished step for {self.hang_timeout:g} s is named with where it is, and the job "
+                "ends (--launch.hang_timeout; 0: off)"
+                if self.hang_timeout
+                else "off (--launch.hang_timeout 0)"
+            )
+            lines.append(f"hang watch   {watch}")
         lines += [f"note: {note}" for note in self.notes]
         return "preflight plan\n" + "\n".join(f"  {line}" for line in lines)

@@ -27,7 +27,9 @@ class PreflightError(SystemExit):
     """The config cannot run as given (launcher, machine, names, numbers); raised on every rank before the Trainer."""
 
 
-def build(config: Any, launch: Launch | None = None, timeout: float | None = None) -> Plan:
+def build(
+    config: Any, launch: Launch | None = None, timeout: float | None = None, hang_timeout: float | None = None
+) -> Plan:
     """The plan for a parsed subcommand config (LightningCLI's ``config[subcommand]``)."""
     launch = launch or detect()
     trainer = config.trainer
@@ -54,6 +56,7 @@ def build(config: Any, launch: Launch | None = None, timeout: float | None = Non
         root_dir=root,
         resume=str(resume) if resume else None,
         timeout=timeout,
+        hang_timeout=hang_timeout,
         accumulate=int(trainer.get("accumulate_grad_batches") or 1),
         layout=layout_of(strategy, devices, nodes),
         sync_batchnorm=bool(trainer.get("sync_batchnorm")),
@@ -62,9 +65,9 @@ def build(config: Any, launch: Launch | None = None, timeout: float | None = Non
     return plan
 
 
-def preflight(config: Any, timeout: float | None = None, echo: bool = True) -> Plan:
+def preflight(config: Any, timeout: float | None = None, echo: bool = True, hang_timeout: float | None = None) -> Plan:
     """Builds and checks the plan; rank 0 prints it. Every rank exits with the fix when the plan has problems."""
-    plan = build(config, timeout=timeout)
+    plan = build(config, timeout=timeout, hang_timeout=hang_timeout)
     if plan.num_nodes != int(config.trainer.get("num_nodes") or 1):  # elastic torchrun: the Trainer's too
         plan.notes.append(
             f"trainer.num_nodes={config.trainer.get('num_nodes')} replaced by the {plan.num_nodes} node(s) torchrun "

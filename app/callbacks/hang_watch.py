@@ -1,0 +1,415 @@
+"""A rank that stays alive but stops making progress is named with where it is, and the whole job ends.
+
+torch bounds each collective by the process-group timeout (30 min by default) and then says only that a collective
+timed out; Lightning has nothing for a stuck rank. So every rank of a multi-process run starts a watchdog thread
+(:class:`HangWatch`). Through the job's rendezvous store (a TCPStore every rank reaches; this thread opens its own
+connection to it, so a main thread blocked in the store never blocks the watch) each thread publishes, about every
+``timeout / 10`` s (2 s at most), how far its rank got: a counter that moves when a training or validation step
+starts or ends.
+Rank 0's thread reads them all. When no counter of any rank has moved for ``timeout`` seconds:
+
+- the rank behind is the one with the lowest counter (the others started a step it has not reached, and wait in it),
+  or a rank whose thread stopped publishing ("does not answer": SIGSTOPped, swapping, its node gone);
+- every answering rank is asked for the innermost frames of its main thread (``sys._current_frames``, read from the
+  watchdog thread: it runs while the main thread sleeps, blocks in I/O or in a collective, which release the GIL,
+  and between two bytecodes of pure Python) and writes the stacks of all its threads (``faulthandler``) to
+  ``<run folder>/hang/stacks-rank<R>.txt``; on NCCL also its flight-recorder buffer (``nccl_trace_rank_<R>``);
+- rank 0 prints one diagnosis (``error: hang watch: rank 1 of 2 ... is stuck``), every rank leaves with status 1
+  (``os._exit`` from the thread: the main thread may never return), and a rank that does not answer is SIGKILLed by
+  an answering rank of its host (a stopped process cannot act on anything else).
+
+What is not progress, and so never fires the watch: the time before a rank's first training step ends (set-up, the
+sanity check, the first compile, the first batch's loader workers) and a checkpoint save (``Trainer.save_checkpoint``
+on any rank, however long its write: rank 0 writes while the others wait at the barrier after it). A long validation
+moves the counter at each of its steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+from app.errors import with_link
+
+ROOT = Path(__file__).resolve().parents[2]
+FRAMES = 4  # innermost frames of the main thread shown per rank
+PREFIX = "app/hang_watch"
+
+
+def where(frame: Any, depth: int = FRAMES) -> list[str]:
+    """The innermost ``depth`` frames of a stack, innermost first, as ``file:line function`` (paths shortened)."""
+    return [f"{_short(f.filename)}:{f.lineno} {f.name}" for f in reversed(traceback.extract_stack(frame)[-depth:])]
+
+
+def _short(path: str) -> str:
+    if "site-packages/" in path:
+        return path.rsplit("site-packages/", 1)[1]
+    try:
+        return str(Path(path).resolve().relative_to(ROOT))
+    except ValueError:
+        return path
+
+
+def flight_recorder_env(folder: Path) -> dict[str, str]:
+    """The NCCL flight recorder's variables, as the app sets them (a user's own values win): the last 2000
+    collectives of each rank, dumped by torch's NCCL watchdog when a collective times out, to ``folder``."""
+    return {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(folder / "nccl_trace_rank_"),
+    }
+
+
+class HangWatch(Callback):
+    """Ends a multi-process job whose ranks stopped making progress, naming the rank behind and where it is.
+
+    Args:
+        timeout: seconds without a finished (or started) training or validation step on any rank before the job is
+            declared stuck (``--launch.hang_timeout``); 0 turns the watch off.
+    """
+
+    def __init__(self, timeout: float = 600.0) -> None:
+        self.timeout = timeout
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._state: dict[str, Any] = {}
+
+    # ----- the main thread: progress, pauses, the thread's life
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage != "fit" or not self.timeout or trainer.world_size < 2 or not dist.is_initialized():
+            return
+        self._state = {"counter": 0, "step": 0, "in_step": 0, "paused": 1, "armed": False}
+        self._state["folder"] = trainer.default_root_dir
+        save = trainer.save_checkpoint
+
+        def paused_save(*args: Any, **kwargs: Any) -> Any:
+            self._state["paused"] += 1
+            try:
+                return save(*args, **kwargs)
+            finally:
+                self._state["paused"] -= 1
+                self._state["counter"] += 1
+
+        trainer.save_checkpoint = paused_save  # this run's Trainer only (an instance attribute)
+        self._stop.clear()
+        self._thread = _Watchdog(self, trainer.global_rank, trainer.world_size, self._state)
+        self._thread.start()
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._state:
+            self._state["folder"] = str(trainer.log_dir if trainer.logger else trainer.default_root_dir)
+            ckpt = trainer.checkpoint_callback
+            self._state["checkpoints"] = getattr(ckpt, "dirpath", None)
+
+    def _move(self) -> None:
+        if self._state:
+            self._state["counter"] += 1
+
+    def on_train_batch_start(self, trainer: Trainer, *args: Any) -> None:
+        if self._state:
+            self._state["counter"] += 1
+            self._state["in_step"] = 1
+
+    def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
+        if self._state:
+            self._state["counter"] += 1
+            self._state["step"], self._state["in_step"] = trainer.global_step, 0
+            if not self._state["armed"]:  # the first step (compile, workers) is behind us: watched from now on
+                self._state["armed"] = True
+                self._state["paused"] -= 1
+
+    def on_validation_batch_start(self, trainer: Trainer, *args: Any) -> None:
+        self._move()
+
+    def on_validation_batch_end(self, trainer: Trainer, *args: Any) -> None:
+        self._move()
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._state:  # what follows training (the last saves, the summary) is not watched
+            self._state["paused"] += 1
+        self._end()
+
+    def _end(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=2)  # a store call to a gone host must not hold up the exit
+            self._thread = None
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._end()
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._end()
+        vars(trainer).pop("save_checkpoint", None)
+
+    def __deepcopy__(self, memo: dict) -> HangWatch:  # the thread and its event are this run's, never copied
+        return HangWatch(self.timeout)
+
+    def __getstate__(self) -> dict:
+        return {"timeout": self.timeout}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["timeout"])
+
+
+class _Watchdog(threading.Thread):
+    """The thread of one rank: publishes its progress, answers rank 0's questions; on rank 0, judges."""
+
+    def __init__(self, watch: HangWatch, rank: int, world: int, state: dict[str, Any]) -> None:
+        super().__init__(name="hang-watch", daemon=True)
+        self.watch, self.rank, self.world, self.state = watch, rank, world, state
+        self.timeout = watch.timeout
+        self.interval = min(max(self.timeout / 10, 0.2), 2.0)
+        self.silent_after = max(3 * self.interval, 3.0)  # a rank whose beats stopped this long does not answer
+        self.host, self.pid = socket.gethostname(), os.getpid()
+        self.main = threading.main_thread()
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("SLURM_RESTART_COUNT") or "0"
+        self.prefix = f"{PREFIX}/{attempt}"
+        self.store: Any = None
+        self.beat = 0
+
+    def _connect(self) -> Any:
+        host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=max(10, self.silent_after)))
+        return dist.PrefixStore(self.prefix, store)
+
+    def run(self) -> None:
+        try:
+            self.store = self._connect()
+        except Exception:  # no store to reach (an unusual rendezvous): the job runs unwatched
+            return
+        seen, last_move, answered = {}, time.monotonic(), False
+        store_lost_since: float | None = None
+        while not self.watch._stop.wait(self.interval):
+            try:
+                self._publish()
+                store_lost_since = None
+                if self.store.check(["stop"]):
+                    self._leave()
+                if not answered and self.store.check(["ask"]):
+                    self._answer(self.store.get("ask").decode())
+                    answered = True
+                if self.rank == 0:
+                    last_move = self._judge(seen, last_move)
+            except Exception as err:  # the store's host is gone or silent
+                if self.watch._stop.is_set():
+                    return
+                store_lost_since = store_lost_since or time.monotonic()
+                if time.monotonic() - store_lost_since > self.timeout:
+                    self._store_lost(err)
+        with contextlib.suppress(Exception):  # the last beat: "paused" after training, so the end is never a hang
+            self._publish()
+
+    def _publish(self) -> None:
+        self.beat += 1
+        s = self.state
+        paused = int(s["paused"] > 0)
+        fields = f"{self.beat} {s['counter']} {s['step']} {paused} {self.pid} {self.host} {s['in_step']}"
+        self.store.set(f"beat/{self.rank}", fields)
+
+    # ----- rank 0: is the job stuck?
+    def _beats(self) -> dict[int, list[str]]:
+        keys = [f"beat/{r}" for r in range(self.world)]
+        present = [k for k in keys if self.store.check([k])]
+        values = self.store.multi_get(present) if present else []
+        return {int(k.rsplit("/", 1)[1]): v.decode().split() for k, v in zip(present, values, strict=True)}
+
+    def _judge(self, seen: dict[int, tuple[str, float, list[str]]], last_move: float) -> float:
+        now = time.monotonic()
+        beats = self._beats()
+        paused = False
+        for r, fields in beats.items():
+            beat, progress = fields[0], (fields[1], fields[3])
+            before = seen.get(r)
+            if before is None or before[3] != progress:
+                last_move = now
+            seen[r] = (beat, now if before is None or before[0] != beat else before[1], fields, progress)
+            # a pause counts while the rank answers: a rank stopped in (or just after) a save is not paused forever
+            paused |= fields[3] == "1" and now - seen[r][1] <= self.silent_after
+        if paused or len(beats) < self.world:
+            return now
+        if now - last_move > self.timeout:
+            self._diagnose(seen, now - last_move)
+        return last_move
+
+    def _diagnose(self, seen: dict[int, tuple], stalled: float) -> None:
+        folder = Path(self.state["folder"]) / "hang"
+        self.store.set("ask", str(folder))
+        self._answer(str(folder))
+        now = time.monotonic()
+        silent = {r for r, (_, at, _, _) in seen.items() if now - at > self.silent_after}
+        deadline = now + self.silent_after
+        answers: dict[int, str] = {}
+        while time.monotonic() < deadline:
+            waiting = [r for r in range(self.world) if r not in answers and r not in silent]
+            for r in waiting:
+                if self.store.check([f"frames/{r}"]):
+                    answers[r] = self.store.get(f"frames/{r}").decode()
+            if not waiting or len(answers) + len(silent) == self.world:
+                break
+            time.sleep(0.1)
+        silent |= {r for r in range(self.world) if r not in answers}
+        print(self._message(seen, answers, silent, stalled, folder), file=sys.stderr, flush=True)
+        self.store.set("stop", " ".join(map(str, sorted(silent))))
+        self._leave(settle=True)
+
+    def _message(self, seen: dict, answers: dict[int, str], silent: set[int], stalled: float, folder: Path) -> str:
+        counters = {r: int(fields[1]) for r, (_, _, fields, _) in seen.items()}
+        answering = [r for r in counters if r not in silent]
+        low = min((counters[r] for r in answering), default=0)
+        if silent:  # the others wait for it
+            behind = sorted(silent)
+        elif len({counters[r] for r in answering}) > 1:  # the others started a step it has not reached
+            behind = sorted(r for r in answering if counters[r] == low)
+        else:
+            behind = []
+        names = ", ".join(map(str, behind))
+        if behind:
+            head = f"rank {names} of {self.world} {'is' if len(behind) == 1 else 'are'} stuck"
+        else:
+            head = f"all {self.world} ranks are stuck at the same point (none is behind the others)"
+        lines = [
+            with_link(
+                f"error: hang watch: {head}: no rank started or finished a training or validation step for "
+                f"{stalled:.0f} s (--launch.hang_timeout {self.timeout:g})."
+            )
+        ]
+        for r in sorted(seen):
+            _, _, fields, _ = seen[r]
+            step, pid, host, inside = int(fields[2]), fields[4], fields[5], fields[6] == "1"
+            mark = "  <- behind" if r in behind else ""
+            last = f"last finished step {step}" + (f", in step {step + 1}" if inside else "")
+            if r in silent:
+                lines.append(
+                    f"  rank {r} (host {host}, pid {pid}): does not answer (stopped, swapping, or its node is gone); "
+                    f"when last heard of: {last}{mark}"
+                )
+            else:
+                frames = answers[r].split("\n")
+                lines.append(f"  rank {r} (host {host}, pid {pid}): {last}; now at{mark}")
+                lines += [f"      {f}" for f in frames]
+        lines.append(f"Full stacks of every thread of each answering rank: {folder}/stacks-rank<R>.txt.")
+        if dist.get_backend() == "nccl":
+            lines.append(
+                f"NCCL flight recorder: {folder}/nccl_trace_rank_<R>; analyse with `torchfrtrace {folder} "
+                "--prefix nccl_trace_rank_` (torch.distributed.flight_recorder)."
+            )
+        ckpts = self.state.get("checkpoints")
+        lines.append(
+            "Every rank now exits with status 1. Resume: the same command plus `--ckpt_path last`"
+            + (f" (the last checkpoint in {ckpts} is intact)" if ckpts else "")
+            + ". If a step legitimately takes longer, raise `--launch.hang_timeout SECONDS` (0 turns the watch off)."
+        )
+        return "\n".join(lines)
+
+    # ----- every rank
+    def _answer(self, folder: str) -> None:
+        """Rank 0 asked: the innermost frames of this rank's main thread, and every thread's stack to a file."""
+        frame = sys._current_frames().get(self.main.ident)
+        frames = where(frame) if frame is not None else ["(the main thread has ended)"]
+        self.store.set(f"frames/{self.rank}", "\n".join(frames))
+        try:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            with open(Path(folder) / f"stacks-rank{self.rank}.txt", "w") as out:
+                out.write(f"rank {self.rank} of {self.world}, host {self.host}, pid {self.pid}\n")
+                out.flush()
+                faulthandler.dump_traceback(file=out, all_threads=True)
+            if dist.get_backend() == "nccl":  # the recorder's ring buffer, in the file format torchfrtrace reads
+                trace = torch._C._distributed_c10d._dump_nccl_trace()
+                (Path(folder) / f"nccl_trace_rank_{self.rank}").write_bytes(trace)
+        except Exception as err:  # a full or read-only disk must not keep the job from ending
+            print(f"hang watch: rank {self.rank} could not write its stacks to {folder}: {err}", file=sys.stderr)
+
+    def _leave(self, settle: bool = False) -> None:
+        """Ends this process with status 1; first SIGKILLs the ranks of this host that do not answer."""
+        if self.rank != 0:
+            print(f"error: hang watch: rank {self.rank} of {self.world} stops: the job is stuck (rank 0's message "
+                  "says which rank and where).", file=sys.stderr, flush=True)  # fmt: skip
+        try:
+            silent = [int(r) for r in self.store.get("stop").decode().split()]
+            for r in silent:
+                fields = self.store.get(f"beat/{r}").decode().split()
+                if fields[5] == self.host:
+                    os.kill(int(fields[4]), signal.SIGKILL)
+            self.store.set(f"left/{self.rank}", "1")
+            if settle:  # the store may live in this process (rank 0): the others read "stop" before it goes
+                deadline = time.monotonic() + self.silent_after
+                others = [f"left/{r}" for r in range(self.world) if r != self.rank and r not in silent]
+                while others and not self.store.check(others) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+        except Exception:
+            pass
+        _kill_local_children()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+    def _store_lost(self, err: Exception) -> None:
+        where_ = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        print(
+            f"error: hang watch: rank {self.rank} of {self.world} lost the job's store at {where_} for more than "
+            f"{self.timeout:g} s (--launch.hang_timeout): its host (rank 0, or the torchrun agent) does not answer "
+            f"({type(err).__name__}). Rank {self.rank} stops. Resume with `--ckpt_path last`.",
+            file=sys.stderr,
+            flush=True,
+        )
+        _kill_local_children()
+        os._exit(1)
+
+
+def _kill_local_children() -> None:
+    """Every child of this process (under Lightning's own launcher rank 0 started the other local ranks; the loader
+    workers): none outlives it. Read from Linux's ``/proc`` (psutil is not a dependency)."""
+    for children in Path("/proc/self/task").glob("*/children"):
+        try:
+            pids = [int(pid) for pid in children.read_text().split()]
+        except OSError:
+            continue
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def effective_timeout(hang_timeout: float, launch_timeout: float | None) -> float:
+    """The hang timeout a run uses: ``--launch.hang_timeout``, but inside ``--launch.timeout`` when that is shorter
+    (a collective timing out first would end the job with torch's message, which names no rank and no place)."""
+    if hang_timeout and launch_timeout and hang_timeout >= launch_timeout:
+        return max(launch_timeout * 0.5, launch_timeout - 30)
+    return hang_timeout
+
+
+def install(trainer: Trainer, seconds: float) -> None:
+    """Gives ``trainer`` a :class:`HangWatch` of ``seconds`` (the config's, if it lists one, else a new one): on by
+    default, whatever callbacks a config lists. It does nothing in a single-process run."""
+    found = [cb for cb in trainer.callbacks if isinstance(cb, HangWatch)]
+    if not found:
+        found = [HangWatch(seconds)]
+        trainer.callbacks.append(found[0])
+    for watch in found:
+        watch.timeout = seconds
+
+
+def apply_flight_recorder(strategy: Any, folder: Path, environ: dict[str, str] | Any = os.environ) -> dict[str, str]:
+    """Turns the NCCL flight recorder on (``flight_recorder_env``, user values kept) when ``strategy`` will form an
+    NCCL process group; returns the variables set. Must run before the process group exists (torch reads them when
+    it creates ``ProcessGroupNCCL``)."""
+    backend = getattr(strategy, "_get_process_group_backend", None)
+    if backend is None or getattr(strategy, "world_size", 1) < 2 or backend() != "nccl":
+        return {}
+    made = {k: v for k, v in flight_recorder_env(folder).items() if k not in environ}
+    environ.update(made)
+    return made

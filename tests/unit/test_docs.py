@@ -11,16 +11,9 @@ from pathlib import Path
 
 import yaml
 
+from tools.docs_screenshots import nav_pages  # the same reading of the nav as the screenshots'
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def nav_pages(nav: list) -> list[str]:
-    """The Markdown files named in an mkdocs nav, nested sections included."""
-    pages = []
-    for entry in nav:
-        value = next(iter(entry.values())) if isinstance(entry, dict) else entry
-        pages += nav_pages(value) if isinstance(value, list) else [value]
-    return pages
 
 
 def test_readme_is_a_first_screen_of_at_most_200_lines():

@@ -152,6 +152,7 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("checkpoint-with-code", r"that could run code when loaded"),
     ("non-finite-loss", r"^the training loss was not finite"),
     ("lost-rank", r"^lost rank "),
+    ("disk-full", r"^saving the checkpoint .* failed: the disk is full"),
 )
 
 

@@ -352,14 +352,17 @@ def resolve_last(config: Any, subcommand: str | None) -> Path | None:
     if config.get("ckpt_path") != "last":
         return None
     root = run_dir.root(config.trainer.default_root_dir)
-    last = find_last_checkpoint(root)
+    dirpath = (config.get("checkpoint") or {}).get("dirpath")
+    last = find_last_checkpoint(root, dirpath)
     if last is None and subcommand == "fit":
-        rank_zero_info(f"--ckpt_path last: no {root}/version_*/checkpoints/last.ckpt yet; starting from scratch.")
+        rank_zero_info(
+            f"--ckpt_path last: no last.ckpt in {run_dir.where_last_is(root, dirpath)} yet; starting from scratch."
+        )
         config.ckpt_path = None
         return None
     if last is None:
         sys.exit(
-            f"error: --ckpt_path last: no checkpoint found under {Path(root).resolve()}/version_*/checkpoints/. "
+            f"error: --ckpt_path last: no checkpoint found in {run_dir.where_last_is(root, dirpath)}. "
             "Train first with `python cli.py fit` (same --trainer.default_root_dir), or pass --ckpt_path FILE."
         )
     config.ckpt_path = str(last)

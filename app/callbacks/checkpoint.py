@@ -16,7 +16,21 @@ class ModelCheckpoint(callbacks.ModelCheckpoint):
     the default relative run folder) but compares it, when the checkpoint is loaded, with its own ``realpath``-ed
     ``dirpath``: the same folder then reads as "the dirpath has changed" and the best-model state is dropped. The
     saved folder is resolved the same way before Lightning compares them.
+
+    ``last.ckpt`` is also written at the step where ``--trainer.max_steps`` ends training mid-epoch. Lightning
+    writes it at the end of ``fit`` only when the run wrote none yet, so such a run would leave an older one, and
+    raising ``max_steps`` with ``--ckpt_path last`` would train those steps again; and by then Lightning counts the
+    interrupted epoch as completed, so the end of ``fit`` is too late to save it: the step's end is the same state
+    as a ``every_n_train_steps`` save. At an epoch's last batch the validation's own save follows, as usual.
     """
+
+    @override
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        ended = 0 < trainer.max_steps <= trainer.global_step
+        last_batch = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        if self.save_last and ended and not last_batch and not self._should_skip_saving_checkpoint(trainer):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -194,6 +194,8 @@ SCENARIOS = {
     "ddp_w0": (["--trainer.strategy", "ddp"], 0),
     "ddp_w2": (["--trainer.strategy", "ddp"], 2),
     "allreduce_w2": (["--trainer.strategy", "allreduce"], 2),
+    "allreduce_overlap_w0": (["--trainer.strategy", "allreduce_overlap"], 0),
+    "ddp_mp_w0": (["--trainer.strategy", "ddp_mp"], 0),  # on CPU every stage is the CPU: its DDP-over-stages path
 }
 
 

@@ -17,7 +17,7 @@ import torch
 from datamodules.base import auto_workers, available_cpus
 from tests.conftest import ROOT, free_port, port_taken
 from tests.distributed.test_faults import HEARTBEAT, beats
-from tests.resume_probe import read_samples
+from tests.resume_probe import per_step
 from tests.wandb_reader import offline_runs, requires_wandb, tensorboard_scalars
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -221,11 +221,3 @@ def test_elastic_restart_after_a_killed_worker_continues_the_same_run(mnist_dir,
     for rank in (0, 1):
         assert per_step(root, rank) == per_step(reference, rank), rank
     print(f"\nrank 1 SIGKILLed at step {killed[1]}; resumed at step {first0}, ended at {step0}; W&B {runs[0].run_id}")
-
-
-def per_step(root, rank: int) -> list:
-    """The samples each global step of ``rank`` trained on (``tests.resume_probe.SampleLog``; the last record of a step
-    trained again after a restart)."""
-    steps = {line["step"]: (line["epoch"], line["batch"], line["samples"]) for line in read_samples(root, rank)}
-    assert sorted(steps) == list(range(len(steps))), sorted(steps)
-    return [steps[step] for step in sorted(steps)]

@@ -6,6 +6,8 @@
   ``.last.ckpt.*.partial`` file, which nothing reads). Loading maps tensors to the calling rank's own device and uses
   ``weights_only=True``: a checkpoint holding pickled Python objects (which could run code) is refused, unless the
   user opts out with ``--trust_checkpoint true`` (``AtomicCheckpointIO(weights_only=False)``) for a file they trust.
+  A save that finds the disk full raises :class:`DiskFullError` (one line: the space needed and free, the previous
+  checkpoint kept) instead of torch's two tracebacks; :class:`Trainer` (the CLI's) makes every rank stop with it.
 - :func:`read_checkpoint` and :func:`check_fits`: the CLI's checks of ``--ckpt_path`` before a run uses it (missing,
   truncated, unsafe, another architecture), each a one-line message with the fix.
 - :func:`resolve_last`: ``--ckpt_path last`` (the file is :mod:`app.run_dir`'s, which owns the run folder's layout);
@@ -17,11 +19,13 @@ The random generator states of a checkpoint are :class:`app.callbacks.RNGState`'
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import importlib
 import os
 import pickle
 import re
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -30,6 +34,7 @@ from typing import Any
 import torch
 from lightning.fabric.utilities.cloud_io import _load as pl_load
 from lightning.fabric.utilities.types import _PATH
+from lightning.pytorch import Trainer as LightningTrainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_info
@@ -80,9 +85,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 file.flush()
                 os.fsync(file.fileno())
             os.replace(tmp, path)
-        except BaseException:
+        except BaseException as err:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
+            if _no_space(err):  # torch reports it as "unexpected pos" in its zip writer, the OSError as its context
+                raise DiskFullError(disk_full(path, checkpoint)) from None
             raise
         # partial files of this target left by a process killed while saving (only this rank writes it)
         for stale in path.parent.glob(f".{glob.escape(path.name)}.*.partial"):
@@ -109,6 +116,107 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             if not weights_only or not _refused(err):
                 raise
             raise UnsafeCheckpointError(refusal(path, err)) from err
+
+
+class DiskFullError(SystemExit):
+    """A checkpoint could not be saved because its filesystem is full; the previous file at that path is intact."""
+
+
+def _no_space(err: BaseException | None) -> bool:
+    """Whether ``err`` or an exception it was raised from or during is "No space left on device" (or over quota)."""
+    while err is not None:
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def tensor_bytes(obj: Any) -> int:
+    """The bytes of every tensor in a checkpoint (nested dicts, lists, tuples): nearly all of its size on disk."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
+
+
+def megabytes(size: float) -> str:
+    return f"{size / 1e6:.1f} MB"
+
+
+def disk_full(path: Path, checkpoint: dict) -> str:
+    """The one line for a save of ``checkpoint`` to ``path`` that found its disk full (the partial file removed)."""
+    free = shutil.disk_usage(path.parent).free
+    kept = path if path.is_file() else path.parent / f"{run_dir.LAST}.ckpt"
+    if kept.is_file():
+        try:
+            step = f"global step {load_on_cpu(kept).get('global_step', '?')}"
+        except Exception:  # a file this run did not write (the atomic save never leaves a truncated one)
+            step = "not written by this save"
+        previous = f"the previous {kept} ({step}) is intact"
+    else:
+        previous = f"nothing was overwritten (no earlier {kept.name} in {path.parent})"
+    return (
+        f"error: saving the checkpoint {path} failed: the disk is full (No space left on device): it needs about "
+        f"{megabytes(tensor_bytes(checkpoint))} and {megabytes(free)} are free in {path.parent}; {previous}. "
+        "Fix: free space on that disk, or set --trainer.default_root_dir to a folder on a disk with room for a few "
+        "checkpoints, then resume with `--ckpt_path last`."
+    )
+
+
+def checkpoint_estimate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> int:
+    """The bytes of a checkpoint of ``model`` trained with ``optimizer``, before any exists: the weights and
+    buffers, plus the optimizer's state per weight (Adam-like optimizers keep two tensors, the others at most one)."""
+    weights = sum(t.numel() * t.element_size() for t in model.parameters())
+    slots = 2 if optimizer is not None and "adam" in type(optimizer).__name__.lower() else 1
+    return weights * (1 + slots) + sum(t.numel() * t.element_size() for t in model.buffers())
+
+
+def low_disk_space(folder: _PATH, estimate: int, room_for: int = 3) -> str | None:
+    """A warning when ``folder`` (or its nearest existing parent) has room for fewer than ``room_for`` checkpoints
+    of ``estimate`` bytes (the atomic save needs a second copy next to the one it replaces), else None."""
+    where = Path(folder).resolve()
+    while not where.exists():
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    if free >= room_for * estimate:
+        return None
+    return (
+        f"warning: preflight: {where} has {megabytes(free)} free, room for {free / estimate:.1f} checkpoints of "
+        f"about {megabytes(estimate)} (estimated from the model and the optimizer); a save that finds the disk full "
+        f"stops the run. Fix: free space there, or set --trainer.default_root_dir to a disk with room for "
+        f"{room_for} or more."
+    )
+
+
+class Trainer(LightningTrainer):
+    """Lightning's ``Trainer`` (the CLI's ``trainer_class``) whose checkpoint saves fail on every rank together.
+
+    Only rank 0 writes a checkpoint, while the others wait at the barrier that follows. When rank 0's save finds
+    the disk full, Lightning's version would end rank 0 with a traceback, and the waiting ranks would then see a
+    peer that vanished (and report rank 0 as lost). Here rank 0 joins the barrier anyway and tells every rank
+    (one small broadcast per save), so each stops with the same :class:`DiskFullError` line.
+    """
+
+    def save_checkpoint(
+        self, filepath: _PATH, weights_only: bool | None = None, storage_options: Any | None = None
+    ) -> None:
+        if self.model is None:  # Lightning's own check, which the body below replaces
+            return super().save_checkpoint(filepath, weights_only, storage_options)
+        failure = None
+        # Lightning's Trainer.save_checkpoint, with the failure of rank 0's save shared after the barrier
+        with self.profiler.profile("save_checkpoint"):
+            checkpoint = self._checkpoint_connector.dump_checkpoint(weights_only)
+            try:
+                self.strategy.save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+            except DiskFullError as err:
+                failure = str(err.code)
+            self.strategy.barrier("Trainer.save_checkpoint")
+            failure = self.strategy.broadcast(failure, src=0)
+        if failure:
+            raise DiskFullError(failure)
 
 
 def _umask() -> int:
@@ -244,14 +352,17 @@ def resolve_last(config: Any, subcommand: str | None) -> Path | None:
     if config.get("ckpt_path") != "last":
         return None
     root = run_dir.root(config.trainer.default_root_dir)
-    last = find_last_checkpoint(root)
+    dirpath = (config.get("checkpoint") or {}).get("dirpath")
+    last = find_last_checkpoint(root, dirpath)
     if last is None and subcommand == "fit":
-        rank_zero_info(f"--ckpt_path last: no {root}/version_*/checkpoints/last.ckpt yet; starting from scratch.")
+        rank_zero_info(
+            f"--ckpt_path last: no last.ckpt in {run_dir.where_last_is(root, dirpath)} yet; starting from scratch."
+        )
         config.ckpt_path = None
         return None
     if last is None:
         sys.exit(
-            f"error: --ckpt_path last: no checkpoint found under {Path(root).resolve()}/version_*/checkpoints/. "
+            f"error: --ckpt_path last: no checkpoint found in {run_dir.where_last_is(root, dirpath)}. "
             "Train first with `python cli.py fit` (same --trainer.default_root_dir), or pass --ckpt_path FILE."
         )
     config.ckpt_path = str(last)

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 from jsonargparse import ArgumentError, Namespace
-from lightning.pytorch import Callback, LightningDataModule, Trainer
+from lightning.pytorch import Callback, LightningDataModule
 from lightning.pytorch.callbacks import ModelCheckpoint as AnyModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
@@ -33,8 +33,11 @@ from app.callbacks.hang_watch import apply_flight_recorder, effective_timeout
 from app.callbacks.hang_watch import install as install_hang_watch
 from app.checkpoint import (
     AtomicCheckpointIO,
+    Trainer,
     check_fits,
+    checkpoint_estimate,
     evaluation_dirpath,
+    low_disk_space,
     read_checkpoint,
     read_given_checkpoint,
     resolve_last,
@@ -181,6 +184,11 @@ class CLI(LightningCLI):
             self.trainer.strategy.checkpoint_io.weights_only = False
         if getattr(self, "_checkpoint", None) is not None:  # before the Trainer's load_state_dict error wall
             check_fits(self._checkpoint, config.ckpt_path, self.model, self.model.hparams.get("arch"))
+        if self.subcommand == "fit" and self.trainer.checkpoint_callback is not None:
+            factory = getattr(self.model, "optimizer_factory", None)
+            optimizer = factory(self.model.parameters()) if callable(factory) else None
+            if warning := low_disk_space(self.trainer.default_root_dir, checkpoint_estimate(self.model, optimizer)):
+                rank_zero_info(warning)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         # sync_batchnorm: the app's LayerSync, which also works on CPU (Lightning's converts to torch's SyncBatchNorm)
@@ -223,6 +231,7 @@ def main(args: list[str] | None = None, run: bool = True, cli_class: type[CLI] |
             parser_kwargs={**{cmd: defaults for cmd in SUBCOMMANDS}, **strict} if run else defaults,
             save_config_callback=TrackingConfigCallback,  # + config/env as hparams, run identity in ckpts
             save_config_kwargs={"overwrite": True},
+            trainer_class=Trainer,  # a full disk during a save stops every rank with one line
             args=args,
             run=run,
         )

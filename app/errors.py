@@ -153,6 +153,7 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("non-finite-loss", r"^the training loss was not finite"),
     ("lost-rank", r"^lost rank "),
     ("hang-watch", r"^hang watch: (rank .+ of \S+ (is|are) stuck|all \S+ ranks are stuck)"),
+    ("disk-full", r"^saving the checkpoint .* failed: the disk is full"),
 )
 
 

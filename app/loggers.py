@@ -336,9 +336,10 @@ def write_to_run_dir(config: Any) -> None:
 def continue_run_of(config: Any, last: Path) -> None:
     """The loggers continue the version of the run ``last`` (``version_N/checkpoints/last.ckpt``) belongs to, so a
     resumed run keeps writing to the same TensorBoard version and run folder."""
+    version = run_dir.version_of(last)
     for logger in logger_configs(config):
-        if "version" in logger.init_args:
-            logger.init_args.version = run_dir.version_of(last)
+        if "version" in logger.init_args and version is not None:  # a last.ckpt of no version: a new version
+            logger.init_args.version = version
 
 
 def prepare_loggers(config, subcommand: str | None) -> None:

@@ -6,6 +6,7 @@
         version_N/                         one run: TensorBoard events, config.yaml, summary.json
             checkpoints/last.ckpt          the newest state of that run (``--ckpt_path last``, SIGTERM)
             checkpoints/epoch=...ckpt      the best by val/acc1 (the --checkpoint group)
+        checkpoints/last.ckpt              the same for a run without a logger (``--trainer.logger false``)
         hpc_ckpt_N.ckpt                    SLURM's requeue checkpoint (Lightning saves and resumes the highest N)
 
 :mod:`app.checkpoint` (``--ckpt_path last``), :mod:`app.loggers` (a resumed or restarted run's folder),
@@ -28,16 +29,28 @@ def root(default_root_dir: str | Path | None) -> Path:
     return Path(default_root_dir or ".")
 
 
-def last_checkpoints(root_dir: str | Path) -> list[Path]:
-    """Every run's ``version_*/checkpoints/last.ckpt`` below ``root_dir``, newest first."""
-    found = Path(root_dir).glob(f"version_*/checkpoints/{LAST}.ckpt")
+def last_checkpoints(root_dir: str | Path, dirpath: str | Path | None = None) -> list[Path]:
+    """Every run's ``last.ckpt`` below ``root_dir``, newest first: a run with a logger writes it in
+    ``version_N/checkpoints/``, one without (``--trainer.logger false``: Lightning's ModelCheckpoint then saves in the
+    run folder itself) in ``checkpoints/``; ``dirpath`` (``--checkpoint.dirpath``) is searched too when set."""
+    root = Path(root_dir)
+    found = {*root.glob(f"version_*/checkpoints/{LAST}.ckpt"), *root.glob(f"checkpoints/{LAST}.ckpt")}
+    if dirpath is not None:
+        found |= set(Path(dirpath).glob(f"{LAST}.ckpt"))
     return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
 
 
-def find_last_checkpoint(root_dir: str | Path) -> Path | None:
-    """The newest ``version_*/checkpoints/last.ckpt`` below ``root_dir``, or None."""
-    found = last_checkpoints(root_dir)
+def find_last_checkpoint(root_dir: str | Path, dirpath: str | Path | None = None) -> Path | None:
+    """The newest ``last.ckpt`` of the runs below ``root_dir`` (:func:`last_checkpoints`), or None."""
+    found = last_checkpoints(root_dir, dirpath)
     return found[0] if found else None
+
+
+def where_last_is(root_dir: str | Path, dirpath: str | Path | None = None) -> str:
+    """The folders :func:`last_checkpoints` searches, for a message."""
+    root = Path(root_dir).resolve()
+    extra = f" or {Path(dirpath).resolve()}/ (--checkpoint.dirpath)" if dirpath is not None else ""
+    return f"{root}/version_*/checkpoints/ or {root}/checkpoints/ (runs with --trainer.logger false){extra}"
 
 
 def newest_last_of_job(root_dir: str | Path, job: str, job_of: Callable[[Path], str | None]) -> Path | None:
@@ -45,9 +58,11 @@ def newest_last_of_job(root_dir: str | Path, job: str, job_of: Callable[[Path], 
     return next((p for p in last_checkpoints(root_dir) if job_of(p) == job), None)
 
 
-def version_of(last: Path) -> str:
-    """The ``version_N`` a run's ``version_N/checkpoints/last.ckpt`` belongs to (the loggers continue it)."""
-    return last.parent.parent.name
+def version_of(last: Path) -> str | None:
+    """The ``version_N`` a run's ``version_N/checkpoints/last.ckpt`` belongs to (the loggers continue it), or None
+    for a ``last.ckpt`` in no version folder (a run without a logger, ``--checkpoint.dirpath``)."""
+    version = last.parent.parent.name
+    return version if last.parent.name == "checkpoints" and version.startswith("version_") else None
 
 
 def hpc_checkpoint(root_dir: str | Path) -> Path | None:

@@ -59,3 +59,11 @@ class SampleLog(Callback):
 def read_samples(folder: Path, rank: int) -> list[dict]:
     path = Path(folder) / f"samples_rank{rank}.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def per_step(root: Path, rank: int) -> list:
+    """The samples each global step of ``rank`` trained on (``tests.resume_probe.SampleLog``; the last record of a step
+    trained again after a restart)."""
+    steps = {line["step"]: (line["epoch"], line["batch"], line["samples"]) for line in read_samples(root, rank)}
+    assert sorted(steps) == list(range(len(steps))), sorted(steps)
+    return [steps[step] for step in sorted(steps)]

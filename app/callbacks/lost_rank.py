@@ -101,7 +101,11 @@ class LostRank(Callback):
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if not (dist.is_available() and dist.is_initialized() and trainer.world_size > 1):
             return
-        if isinstance(exception, SystemExit) or not PEER_GONE.search(str(exception)):
+        if isinstance(exception, SystemExit):  # this rank ends with its own line (a full disk: every rank does)
+            with _REPORTING:  # so Lightning's poller, seeing the other ranks end first, reports no lost rank
+                self._reported = True
+            return
+        if not PEER_GONE.search(str(exception)):
             return
         with _REPORTING:
             if self._reported:  # Lightning's poller is reporting it and ending the process

@@ -17,9 +17,11 @@ import torch
 from datamodules.base import auto_workers, available_cpus
 from tests.conftest import ROOT, free_port, port_taken
 from tests.distributed.test_faults import HEARTBEAT, beats
+from tests.resume_probe import per_step
 from tests.wandb_reader import offline_runs, requires_wandb, tensorboard_scalars
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+PROBE = "tests.resume_probe.SampleLog"
 
 
 def fit_args(mnist_dir, root, *extra: str) -> list[str]:
@@ -153,14 +155,24 @@ def test_a_node_that_never_arrives_fails_within_the_timeout_naming_it(mnist_dir,
 
 @requires_wandb
 def test_elastic_restart_after_a_killed_worker_continues_the_same_run(mnist_dir, tmp_path):
-    """``torchrun --max-restarts 1 --nnodes 1:2``: rank 1 is SIGKILLed once, after the first ``last.ckpt``; torchrun
-    restarts the group, which resumes from that checkpoint in the same version folder and W&B run, and ends at the
-    step an uninterrupted run ends at."""
+    """``torchrun --max-restarts 1 --nnodes 1:2``: rank 1 is SIGKILLed once, mid-epoch, after a mid-epoch
+    ``last.ckpt`` (``--checkpoint.every_n_train_steps 2``); torchrun restarts the group, which resumes from that
+    checkpoint in the same version folder and W&B run, and ends exactly as an uninterrupted job: the same weights bit
+    for bit, and every rank trained the same samples at each step (a step trained again after the restart counts
+    once: its last record)."""
     root, epochs, batches = tmp_path / "run", 3, 5
-    args = fit_args(mnist_dir, root, "--trainer.devices", "2", "--trainer.num_nodes", "2")  # 2: the top of 1:2
-    args += ["--config", str(ROOT / "configs" / "logger" / "wandb.yaml"), "--trainer.max_epochs", str(epochs),
-             "--trainer.limit_train_batches", str(batches), "--data.batch_size", "16", "--launch.timeout", "60",
-             f"--trainer.callbacks+={HEARTBEAT}", "--trainer.enable_model_summary", "false"]  # fmt: skip
+
+    def job_args(root, nodes: str) -> list[str]:
+        args = fit_args(mnist_dir, root, "--trainer.devices", "2", "--trainer.num_nodes", nodes)
+        return args + [
+            "--trainer.max_epochs", str(epochs), "--trainer.limit_train_batches", str(batches),
+            "--data.batch_size", "16", "--launch.timeout", "60", "--seed_everything", "7",
+            "--checkpoint.every_n_train_steps", "2", f"--trainer.callbacks+={HEARTBEAT}",
+            f"--trainer.callbacks+={PROBE}", f"--trainer.callbacks.folder={root}",
+            "--trainer.enable_model_summary", "false",
+        ]  # fmt: skip
+
+    args = job_args(root, "2") + ["--config", str(ROOT / "configs" / "logger" / "wandb.yaml")]  # 2: the top of 1:2
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(WANDB_MODE="offline", PYTHONUNBUFFERED="1")
     # --standalone with a node range: torchrun waits last_call_timeout (30 s by default) for more nodes
@@ -170,9 +182,9 @@ def test_elastic_restart_after_a_killed_worker_continues_the_same_run(mnist_dir,
     try:
         last = root / "version_0" / "checkpoints" / "last.ckpt"
         killed = None
-        while killed is None and job.poll() is None:  # once, in the epoch after the first checkpoint
+        while killed is None and job.poll() is None:  # once, mid-epoch 1, after its first mid-epoch last.ckpt (6)
             found = beats(root, ranks=2)
-            if last.is_file() and found and found[1][1] > batches:
+            if last.is_file() and found and found[1][1] > batches + 1:
                 killed = found[1]
                 os.kill(killed[0], signal.SIGKILL)
             time.sleep(0.05)
@@ -188,7 +200,7 @@ def test_elastic_restart_after_a_killed_worker_continues_the_same_run(mnist_dir,
     (folder,) = root.glob("version_*")  # the restarted group wrote into the first attempt's folder
     assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == epochs * batches
     (_, step0, first0), _ = beats(root, ranks=2)  # the restarted attempt's rank 0
-    assert first0 == batches + 1 and step0 == epochs * batches, (killed, first0, step0)  # resumed after epoch 1
+    assert (first0 - 1) % batches and step0 == epochs * batches, (killed, first0, step0)  # resumed mid-epoch
     assert len(list(folder.glob("events.out.tfevents.*"))) == 2  # one TensorBoard file per attempt, one version
     val_steps = [step for step, _ in tensorboard_scalars(folder)["val/acc1"]]
     assert val_steps == [batches * e - 1 for e in range(1, epochs + 1)], val_steps  # each epoch once, in order
@@ -196,4 +208,16 @@ def test_elastic_restart_after_a_killed_worker_continues_the_same_run(mnist_dir,
     assert len(runs) == 2 and runs[0].run_id == runs[1].run_id, [(r.path, r.run_id) for r in runs]
     steps = [row["trainer/global_step"] for row in runs[1].history if "trainer/global_step" in row]
     assert steps and min(steps) >= batches, steps
+    # the same job never interrupted (one node, no restarts): the same weights and, per step, the same samples
+    reference = tmp_path / "reference"
+    plain = torchrun("--standalone", "--nproc_per_node", "2", *job_args(reference, "1"))
+    out, _ = plain.communicate(timeout=300)
+    assert plain.returncode == 0, out[-3000:]
+    ours, theirs = (
+        torch.load(f, map_location="cpu", weights_only=True)["state_dict"]
+        for f in (last, reference / "version_0" / "checkpoints" / "last.ckpt")
+    )
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs), "the restarted job's weights differ"
+    for rank in (0, 1):
+        assert per_step(root, rank) == per_step(reference, rank), rank
     print(f"\nrank 1 SIGKILLed at step {killed[1]}; resumed at step {first0}, ended at {step0}; W&B {runs[0].run_id}")

@@ -136,6 +136,38 @@ def test_single_device_mid_epoch_resume_is_exact(mnist_dir, tmp_path, recwarn, c
     assert len(lines) == 1 and "batch 3 of epoch 1" in lines[0], lines
 
 
+def trail(folder: Path, rank: int = 0) -> list[tuple]:
+    return [(x["epoch"], x["batch"], x["samples"]) for x in read_samples(folder, rank)]
+
+
+@pytest.mark.slow
+def test_mid_epoch_checkpoints_of_every_n_train_steps_and_max_steps_and_dp_resume_exactly(mnist_dir, tmp_path):
+    """Stops that write their checkpoint without a signal: ``ModelCheckpoint(every_n_train_steps)`` mid-epoch and
+    ``--trainer.max_steps`` reached mid-epoch then raised; and the ``dp`` strategy's CPU path, stopped by SIGTERM."""
+    data = mnist_args(tmp_path, str(mnist_dir), 0)
+    # the uninterrupted run saves every STOP steps: step9.ckpt at epoch 1, batch 3 (its last.ckpt, the same save, is
+    # overwritten at the end of this run)
+    every = [
+        "--checkpoint.every_n_train_steps", str(STOP), "--checkpoint.monitor", "null", "--checkpoint.save_top_k", "-1",
+        "--checkpoint.filename", "step{step}",
+    ]  # fmt: skip
+    full = fit(tmp_path / "every", data, every)
+    mid = tmp_path / "every" / "version_0" / "checkpoints" / f"step{STOP}.ckpt"
+    assert torch.load(mid, weights_only=True)["loops"]["fit_loop"]["epoch_progress"]["current"]["completed"] == 1
+    resumed = fit(tmp_path / "from_every", data, ["--ckpt_path", str(mid)])
+    assert resumed.trainer.global_step == 12 and max_diff(full.model.state_dict(), resumed.model.state_dict()) == 0.0
+    assert trail(tmp_path / "from_every") == trail(tmp_path / "every")[STOP:]  # the rest of epoch 1, once each
+    # max_steps reached mid-epoch (its last.ckpt written at the end of fit), then raised
+    stopped = fit(tmp_path / "max_steps", data, ["--trainer.max_steps", str(STOP)])
+    last = tmp_path / "max_steps" / "version_0" / "checkpoints" / "last.ckpt"
+    assert stopped.trainer.global_step == STOP and torch.load(last, weights_only=True)["global_step"] == STOP
+    raised = fit(tmp_path / "max_steps", data, ["--trainer.max_steps", "-1", "--ckpt_path", "last"])
+    assert raised.trainer.global_step == 12 and max_diff(full.model.state_dict(), raised.model.state_dict()) == 0.0
+    assert trail(tmp_path / "max_steps") == trail(tmp_path / "every")
+    # dp on CPU (one process, no replicas): stopped by SIGTERM mid-epoch
+    check(legs(tmp_path / "dp", data, ["--trainer.strategy", "dp"], ranks=1))
+
+
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory) -> Path:
     return build_photo_imagenet(tmp_path_factory.mktemp("imagenet"))
@@ -162,6 +194,8 @@ SCENARIOS = {
     "ddp_w0": (["--trainer.strategy", "ddp"], 0),
     "ddp_w2": (["--trainer.strategy", "ddp"], 2),
     "allreduce_w2": (["--trainer.strategy", "allreduce"], 2),
+    "allreduce_overlap_w0": (["--trainer.strategy", "allreduce_overlap"], 0),
+    "ddp_mp_w0": (["--trainer.strategy", "ddp_mp"], 0),  # on CPU every stage is the CPU: its DDP-over-stages path
 }
 
 

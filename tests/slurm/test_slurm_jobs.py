@@ -12,6 +12,7 @@ import torch
 from lightning.pytorch import Callback
 
 from app.callbacks import SLURMRequeue
+from tests.resume_probe import per_step
 from tests.slurm.conftest import ROOT, job_info, skip_or_fail, submit, wait_job
 from tests.wandb_reader import offline_runs, requires_wandb
 
@@ -43,6 +44,7 @@ def fit_args(mnist_dir: Path, root: Path, epochs: int = EPOCHS, batches: int = B
         "fit", "--data.data_dir", str(mnist_dir), "--trainer.default_root_dir", str(root),
         "--trainer.max_epochs", str(epochs), "--trainer.limit_train_batches", str(batches),
         "--trainer.limit_val_batches", "5", "--trainer.enable_progress_bar", "false",
+        "--trainer.callbacks+=tests.resume_probe.SampleLog", f"--trainer.callbacks.folder={root}",
     ]  # fmt: skip
 
 
@@ -51,6 +53,11 @@ def final_step(root: Path) -> int:
     versions = sorted(root.glob("version_*"))
     assert len(versions) == 1, f"expected one run folder in {root}, found {versions}"
     return torch.load(versions[0] / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["global_step"]
+
+
+def last_weights(root: Path) -> dict:
+    (last,) = root.glob("version_*/checkpoints/last.ckpt")
+    return torch.load(last, map_location="cpu", weights_only=True)["state_dict"]
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +119,12 @@ def test_sigusr1_checkpoints_requeues_and_resumes_to_the_same_step(slurm_env, mn
     assert "hpc: " in log  # the requeued attempt's plan names the checkpoint it resumes from
     uninterrupted_root = uninterrupted[0]
     assert final_step(tmp_path) == final_step(uninterrupted_root) == EPOCHS * BATCHES  # same run folder, same end
+    # requeued mid-epoch (epoch 1, batch 20), it ends exactly as the uninterrupted job: the same weights bit for
+    # bit, and every rank trained the same samples at each step (a step trained again after the requeue counts once)
+    ours, theirs = (last_weights(root) for root in (tmp_path, uninterrupted_root))
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs), "the requeued job's weights differ"
+    for rank in (0, 1):
+        assert per_step(tmp_path, rank) == per_step(uninterrupted_root, rank), rank
     runs = offline_runs(tmp_path)
     assert len(runs) == 2, [r.path for r in runs]  # one offline folder per attempt, rank 0 only
     assert runs[0].run_id == runs[1].run_id, [r.run_id for r in runs]  # the requeued attempt continues the W&B run

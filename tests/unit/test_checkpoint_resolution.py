@@ -28,6 +28,10 @@ def test_the_last_checkpoint_is_the_newest_run_s_not_the_highest_version(tmp_pat
     assert find_last_checkpoint(tmp_path) == tenth
     os.utime(second, (5_000, 5_000))  # a resumed run writes into its old folder: the newest file, not the highest N
     assert find_last_checkpoint(tmp_path) == second
+    unlogged = touch(tmp_path / "checkpoints" / "last.ckpt", 6_000)  # a run with --trainer.logger false
+    assert find_last_checkpoint(tmp_path) == unlogged
+    elsewhere = touch(tmp_path.parent / f"{tmp_path.name}_ckpts" / "last.ckpt", 7_000)  # --checkpoint.dirpath
+    assert find_last_checkpoint(tmp_path) == unlogged and find_last_checkpoint(tmp_path, elsewhere.parent) == elsewhere
 
 
 def test_the_hpc_checkpoint_is_the_highest_number_not_the_longest_name(tmp_path):
@@ -58,6 +62,7 @@ def test_last_without_a_checkpoint_starts_fit_from_scratch_and_stops_the_others(
     with pytest.raises(SystemExit) as stop:
         resolve_last(cfg, "test")
     assert str(stop.value.code) == (
-        f"error: --ckpt_path last: no checkpoint found under {tmp_path}/version_*/checkpoints/. Train first with "
+        f"error: --ckpt_path last: no checkpoint found in {tmp_path}/version_*/checkpoints/ or {tmp_path}/checkpoints/ "
+        "(runs with --trainer.logger false). Train first with "
         "`python cli.py fit` (same --trainer.default_root_dir), or pass --ckpt_path FILE."
     )

@@ -104,4 +104,13 @@ def test_logging_off_still_trains_with_the_default_callbacks(mnist_dir, tmp_path
          "--model.lr_scheduler.init_args.total_iters", "3"]  # the shortened run's schedule: no warning to read
     )  # fmt: skip
     assert cli.trainer.global_step == 3 and not cli.trainer.loggers
-    assert list(tmp_path.rglob("last.ckpt"))
+    last = tmp_path / "checkpoints" / "last.ckpt"  # no logger: no version_N folder
+    assert list(tmp_path.rglob("last.ckpt")) == [last]
+    # --ckpt_path last finds it (it used to look only in version_*/ and silently start from scratch)
+    cli = main(
+        ["fit", "--trainer.logger", "false", "--trainer.accelerator", "cpu", "--trainer.max_epochs", "2",
+         "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "1", "--data.data_dir", str(mnist_dir),
+         "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_progress_bar", "false",
+         "--model.lr_scheduler.init_args.total_iters", "6", "--ckpt_path", "last"]
+    )  # fmt: skip
+    assert cli.trainer.ckpt_path == str(last) and cli.trainer.global_step == 6

@@ -12,6 +12,7 @@ BIN=${BIN:-.venv/bin}
 declare -A FUNCTIONS=(
     [checkpoint]="app.checkpoint.x_find_last_checkpoint__mutmut_* app.checkpoint.x_hpc_checkpoint__mutmut_* app.checkpoint.x_resolve_last__mutmut_*"
     [amp]="app.callbacks.amp.xǁAMPHealthǁon_train_batch_end__mutmut_* app.callbacks.amp.xǁAMPHealthǁ_check__mutmut_*"
+    [classifier]="modules.classifier.xǁImageClassifierǁ_log_train_step__mutmut_* modules.classifier.xǁImageClassifierǁon_train_epoch_end__mutmut_*"
     [agree]="app.callbacks.agree.xǁAgreementǁstart__mutmut_* app.callbacks.agree.xǁAgreementǁany_rank__mutmut_* app.callbacks.agree.xǁAgreementǁwait__mutmut_*"
 )
 scopes=${MUTATION_SCOPE:-checkpoint}
@@ -19,5 +20,8 @@ names=()
 for scope in $scopes; do names+=(${FUNCTIONS[$scope]}); done
 # the copy under mutants/ has no data/: the tests read the real MNIST from here
 export MNIST_DATA_DIR=${MNIST_DATA_DIR:-$PWD/data}
+# one intra-op thread: mutmut forks each mutant's run from a process that already ran torch, and a fork of a process
+# with an OpenMP thread pool hangs in its first parallel op (every mutant then "timed out")
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 "$BIN/mutmut" run "${names[@]}"
 "$BIN/mutmut" results --all true 2>/dev/null || "$BIN/mutmut" results

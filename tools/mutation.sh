@@ -2,10 +2,9 @@
 # `make mutation`: mutmut (pinned in constraints.txt, the dev extra) over the functions whose numbers users trust, each
 # mutant run against the fast unit tests that cover it (setup.cfg's [mutmut] section lists them). CPU-heavy: not part
 # of `make test`. Prints mutmut's results (killed, survived, no tests, timeout); `mutmut show NAME` shows a mutant.
-# MUTATION_SCOPE="checkpoint amp agree" picks the groups (default: checkpoint, the one run to the end so far: 60
-# mutants, 57 killed). Not yet usable: agree (mutants of Agreement.start hang the one-process test until mutmut's
-# timeout), classifier (left out of setup.cfg's only_mutate: with modules/classifier.py mutated, the stats run fails
-# with a KeyError lr_scheduler_interval in the model's hparams); amp was not run yet.
+# MUTATION_SCOPE="checkpoint amp agree classifier" picks the groups (default: checkpoint). The figures of the last run,
+# with the reasons the survivors survive: bench/results/mutation.md. The allreduce bucket averaging is not a group: its
+# only tests are 2-process jobs (the parity job, ~2 min), too slow to run once per mutant here.
 set -u
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin}

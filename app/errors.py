@@ -154,6 +154,15 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("lost-rank", r"^lost rank "),
     ("hang-watch", r"^hang watch: (rank .+ of \S+ (is|are) stuck|all \S+ ranks are stuck)"),
     ("disk-full", r"^saving the checkpoint .* failed: the disk is full"),
+    ("rendezvous-timeout", r"^the ranks did not all meet within "),
+    ("wandb-missing", r"needs the `wandb` package, which is not installed here"),
+    (
+        "slurm-submit",
+        r"^give the cli\.py command after `--`|^say how many processes per node|is not a multiple of --tasks-per-node"
+        r"|^data\.num_workers auto takes the CPUs SLURM gives|^this job would stop at its preflight check",
+    ),
+    ("sbatch", r"^`sbatch` is not on PATH|^sbatch refused "),
+    ("imagenet-val-layout", r"^imagenet_val: "),
 )
 
 

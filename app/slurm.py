@@ -17,6 +17,7 @@ from pathlib import Path
 
 from app.cli import CLI
 from app.cli import main as cli_main
+from app.errors import with_link
 from app.launch.env import Launch
 from app.launch.preflight import build
 from app.launch.slurm import Job, submit
@@ -48,16 +49,21 @@ def build_job(ns: argparse.Namespace, command: list[str]) -> Job:
     """Turns the submit options and the user's command into a checked :class:`Job`; exits with the fix on a problem."""
     if not command or command[0] not in ("fit", "validate", "test", "predict"):
         sys.exit(
-            "error: give the cli.py command after `--`, starting with its subcommand, e.g. "
-            "`python -m app.launch.slurm submit --nodes 1 --gpus-per-node 4 -- fit --config configs/mnist.yaml`"
+            with_link(
+                "error: give the cli.py command after `--`, starting with its subcommand, e.g. "
+                "`python -m app.launch.slurm submit --nodes 1 --gpus-per-node 4 -- fit --config configs/mnist.yaml`"
+            )
         )
     tasks = ns.tasks_per_node or ns.gpus_per_node
     if not tasks:
         sys.exit(
-            "error: say how many processes per node: --gpus-per-node G (one per GPU) or, on CPUs, --tasks-per-node T"
+            with_link(
+                "error: say how many processes per node: --gpus-per-node G (one per GPU) or, on CPUs, "
+                "--tasks-per-node T"
+            )
         )
     if ns.gpus_per_node and ns.gpus_per_node % tasks:
-        sys.exit(f"error: --gpus-per-node {ns.gpus_per_node} is not a multiple of --tasks-per-node {tasks}")
+        sys.exit(with_link(f"error: --gpus-per-node {ns.gpus_per_node} is not a multiple of --tasks-per-node {tasks}"))
     job = Job(command=list(command), nodes=ns.nodes, gpus_per_node=ns.gpus_per_node, tasks_per_node=tasks)
     config = resolve_config(job.cli_args(with_run_dir=False))
     job.run_dir = str(Path(config.trainer.get("default_root_dir") or ".").resolve())
@@ -65,8 +71,10 @@ def build_job(ns: argparse.Namespace, command: list[str]) -> Job:
     workers = config.data.get("init_args", config.data).get("num_workers") or 0
     if workers == "auto" and not ns.cpus_per_task:
         sys.exit(
-            "error: data.num_workers auto takes the CPUs SLURM gives each task, so say how many: --cpus-per-task C "
-            "(C - 1 loader workers per process), or give --data.num_workers N."
+            with_link(
+                "error: data.num_workers auto takes the CPUs SLURM gives each task, so say how many: "
+                "--cpus-per-task C (C - 1 loader workers per process), or give --data.num_workers N."
+            )
         )
     job.cpus_per_task = ns.cpus_per_task or workers + 1  # the DataLoader workers plus the training process
     job.job_name = ns.job_name or f"dptrain-{Path(job.run_dir).name}"
@@ -78,10 +86,9 @@ def build_job(ns: argparse.Namespace, command: list[str]) -> Job:
     launch = Launch("slurm", nodes=job.nodes, tasks_per_node=tasks, world_size=world, in_batch_step=False)
     plan = build(config, launch=launch)
     if plan.problems:
-        sys.exit(
-            "error: this job would stop at its preflight check; nothing was submitted.\n"
-            + "\n".join(f"  - {p}" for p in plan.problems)
-        )
+        # the first line links here, each problem to its own section (as the preflight's own list)
+        head = with_link("error: this job would stop at its preflight check; nothing was submitted.")
+        sys.exit("\n".join([head, *(with_link(f"  - {p}", "preflight") for p in plan.problems)]))
     return job
 
 

@@ -59,8 +59,17 @@ def batches(n: int, batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(x, torch.randint(0, 10, (batch_size,), generator=g)) for x in images]
 
 
-def plain_steps(model: Any, data: list, profile: cProfile.Profile | None = None) -> float:
-    """Seconds per step of the plain loop (the first step, with lazy optimizer state, not counted)."""
+def _ran(trainer: Any = None) -> dict[str, Any]:
+    """What a timed run was, read from the run itself: the batches its Trainer trained (None: no Trainer) and its
+    callbacks besides the clock, so the results show that each timing comes from the loop it names."""
+    if trainer is None:
+        return {"trainer_steps": None, "callbacks": []}
+    names = [type(c).__name__ for c in trainer.callbacks if type(c).__name__ != "BatchClock"]
+    return {"trainer_steps": trainer.global_step, "callbacks": names}
+
+
+def plain_steps(model: Any, data: list, profile: cProfile.Profile | None = None) -> tuple[float, dict[str, Any]]:
+    """Seconds per step of the plain loop (the first step, with lazy optimizer state, not counted), and what ran."""
     net = copy.deepcopy(model.net)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
     starts = []
@@ -75,11 +84,13 @@ def plain_steps(model: Any, data: list, profile: cProfile.Profile | None = None)
     starts.append(time.perf_counter())
     if profile:
         profile.disable()
-    return (starts[-1] - starts[1]) / (len(starts) - 2)
+    return (starts[-1] - starts[1]) / (len(starts) - 2), _ran()
 
 
-def app_steps(model: Any, data: list, workdir: str, profile: cProfile.Profile | None = None) -> float:
-    """Seconds per step of the app: a new Trainer, its set-up outside the timed steps."""
+def app_steps(
+    model: Any, data: list, workdir: str, profile: cProfile.Profile | None = None
+) -> tuple[float, dict[str, Any]]:
+    """Seconds per step of the app: a new Trainer, its set-up outside the timed steps; and what ran."""
     from lightning.pytorch import Trainer
 
     from bench.common import batch_clock
@@ -96,10 +107,10 @@ def app_steps(model: Any, data: list, workdir: str, profile: cProfile.Profile | 
     trainer.fit(copy.deepcopy(model), train_dataloaders=Batches(data))
     if profile:
         profile.disable()
-    return (clock.starts[-1] - clock.starts[1]) / (len(clock.starts) - 2)
+    return (clock.starts[-1] - clock.starts[1]) / (len(clock.starts) - 2), _ran(trainer)
 
 
-def bare_steps(model: Any, data: list, workdir: str) -> float:
+def bare_steps(model: Any, data: list, workdir: str) -> tuple[float, dict[str, Any]]:
     """Seconds per step of Lightning alone: the same network in a minimal LightningModule (forward, loss, SGD; no
     logging, no metrics) and a Trainer without callbacks: what Lightning's loop costs before the app adds anything."""
     from lightning.pytorch import LightningModule, Trainer
@@ -126,7 +137,7 @@ def bare_steps(model: Any, data: list, workdir: str) -> float:
         callbacks=[clock],
     )  # fmt: skip
     trainer.fit(Bare(copy.deepcopy(model.net)), train_dataloaders=Batches(data))
-    return (clock.starts[-1] - clock.starts[1]) / (len(clock.starts) - 2)
+    return (clock.starts[-1] - clock.starts[1]) / (len(clock.starts) - 2), _ran(trainer)
 
 
 def breakdown(profile: cProfile.Profile, steps: int, loop: bool) -> dict[str, float]:
@@ -216,10 +227,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     data = batches(args.steps + 1, args.batch_size)
     with tempfile.TemporaryDirectory(prefix="step-profile-") as workdir:
         app_steps(model, data[:5], workdir)  # warm-up: imports, first-call costs
-        rounds = [
+        runs = [
             (plain_steps(model, data), app_steps(model, data, workdir), bare_steps(model, data, workdir))
             for _ in range(args.rounds)
         ]
+        rounds = [tuple(seconds for seconds, _ in run) for run in runs]
+        ran = dict(zip(("plain", "app", "lightning"), (what for _, what in runs[0]), strict=True))
         profiles = {"plain": cProfile.Profile(), "app": cProfile.Profile()}
         plain_steps(model, data, profiles["plain"])
         app_steps(model, data, workdir, profiles["app"])
@@ -234,9 +247,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     profile = {kind: breakdown(p, args.steps, kind == "app") for kind, p in profiles.items()}
     settings = {"steps": args.steps, "rounds": args.rounds, "batch_size": args.batch_size, "command": command}
     load.append(os.getloadavg()[0])
-    results = report_results(
-        args.out / "step_profile", settings, load, {"wall": wall, "profile": profile}, markdown, lambda r: None
-    )
+    facts = {"wall": wall, "ran": ran, "profile": profile}
+    results = report_results(args.out / "step_profile", settings, load, facts, markdown, lambda r: None)
     print(markdown(results))
     return results
 

@@ -26,6 +26,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from app.errors import with_link
+
 IMAGE_SUFFIXES = {".jpeg", ".jpg", ".png", ".webp", ".bmp"}
 
 
@@ -142,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         counts = arrange(args.images, args.labels, args.out, args.devkit, args.train_dir)
     except (ValLayoutError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(with_link(f"error: imagenet_val: {err}"), file=sys.stderr)
         return 1
     total = sum(counts.values())
     print(f"linked {total} images into {len(counts)} class folders under {args.out} (symlinks, no copies)")

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from app.errors import linked
 from app.launch.env import Launch, main_address
 
 if TYPE_CHECKING:
@@ -77,7 +78,7 @@ def rendezvous_errors_explained(plan: Plan | None) -> Iterator[None]:
 
         if not isinstance(err, getattr(dist, "DistError", ())) or "imed out" not in str(err) or plan is None:
             raise
-        sys.exit(_explain(err, plan))
+        sys.exit(linked(_explain(err, plan)))  # the error line with its troubleshooting link
 
 
 def _explain(err: Exception, plan: Plan) -> str:

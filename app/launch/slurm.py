@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from app.errors import with_link
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -100,9 +102,9 @@ def submit(job: Job, dry_run: bool) -> str | None:
     try:
         out = subprocess.run(["sbatch", "--parsable", str(path)], capture_output=True, text=True, check=False)
     except FileNotFoundError:
-        sys.exit(f"error: `sbatch` is not on PATH; run this on a SLURM login node. The script is in {path}")
+        sys.exit(with_link(f"error: `sbatch` is not on PATH; run this on a SLURM login node. The script is in {path}"))
     if out.returncode != 0:
-        sys.exit(f"error: sbatch refused {path}:\n{out.stderr.strip()}")
+        sys.exit(f"{with_link(f'error: sbatch refused {path}:')}\n{out.stderr.strip()}")
     job_id = out.stdout.strip().split(";")[0]
     print(f"submitted job {job_id}: {path}\n  log: {job.run_dir}/slurm-{job_id}.out   status: squeue -j {job_id}")
     return job_id

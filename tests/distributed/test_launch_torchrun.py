@@ -18,6 +18,7 @@ from datamodules.base import auto_workers, available_cpus
 from tests.conftest import ROOT, free_port, port_taken
 from tests.distributed.test_faults import HEARTBEAT, beats
 from tests.resume_probe import per_step
+from tests.troubleshooting import assert_documented
 from tests.wandb_reader import offline_runs, requires_wandb, tensorboard_scalars
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -146,6 +147,7 @@ def test_a_node_that_never_arrives_fails_within_the_timeout_naming_it(mnist_dir,
             break
     assert job.returncode == 1 and waiting_since is not None, out[-3000:]
     assert "did not all meet within 5 s (--launch.timeout)" in out, out[-3000:]
+    assert_documented(out, "rendezvous-timeout")
     assert "only 1 of 2 arrived" in out and "node 1 ?: rank 1" in out
     assert "Traceback" not in out, out[-3000:]
     # it waited for the timeout it was given, and then no longer: not the 1800 s default, not a hang

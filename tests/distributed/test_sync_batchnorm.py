@@ -104,12 +104,21 @@ def test_per_rank_batchnorm_would_differ(tmp_path):
 
 
 class SyncedDuringFit(Callback):
-    """Stops the run unless every BatchNorm layer is the CPU SyncBatchNorm while it trains."""
+    """Stops the run unless every BatchNorm layer is the CPU SyncBatchNorm while it trains, and synchronises: after
+    each batch every rank's running statistics are those of the global batch, the same on both ranks (the ranks'
+    shards differ, so per-rank statistics would differ; neither strategy syncs buffers between steps' forwards)."""
 
     def on_train_start(self, trainer, pl_module) -> None:
         kinds = {type(m).__name__ for m in pl_module.modules() if isinstance(m, _BatchNorm)}
         if kinds != {"CPUSyncBatchNorm"}:
             raise RuntimeError(f"BatchNorm layers are {kinds} during fit, not CPUSyncBatchNorm")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        stats = torch.cat([m.running_mean for m in pl_module.modules() if isinstance(m, _BatchNorm)])
+        every = [torch.empty_like(stats) for _ in range(dist.get_world_size())]
+        dist.all_gather(every, stats)
+        if not all(torch.allclose(s, every[0], rtol=0, atol=1e-6) for s in every):
+            raise RuntimeError(f"batch {batch_idx}: the ranks' BatchNorm running means differ (not synchronised)")
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "allreduce"])

@@ -197,6 +197,12 @@ def test_step_profile_smoke(tmp_path):
     results = step_profile.main(["--steps", "6", "--rounds", "1", "--out", str(tmp_path)])
     wall = results["wall"]
     assert all(wall[k] > 0 for k in ("plain_ms", "lightning_ms", "app_ms", "ratio", "app_over_lightning"))
+    # each timing from the loop it names: the plain loop without a Trainer, Lightning alone without callbacks, the
+    # app with the default config's per-step callbacks, both Trainers through all 7 batches
+    ran = results["ran"]
+    assert ran["plain"] == {"trainer_steps": None, "callbacks": []}
+    assert ran["lightning"] == {"trainer_steps": 7, "callbacks": []}
+    assert ran["app"]["trainer_steps"] == 7 and {"AMPHealth", "SIGTERMCheckpoint"} <= set(ran["app"]["callbacks"])
     app_rows = results["profile"]["app"]
     assert {"forward (model)", "backward", "self.log (Lightning's bookkeeping)", "callback amp"} <= set(app_rows)
     assert app_rows["total"] > app_rows["forward (model)"] > 0

@@ -12,6 +12,7 @@ from PIL import Image
 
 from datamodules.imagenet import ImageNetDataModule
 from datamodules.imagenet_val import ValLayoutError, arrange, main
+from tests.troubleshooting import assert_documented
 
 ROOT = Path(__file__).resolve().parents[2]
 # 7 images of 3 classes, in the official naming; the ILSVRC2012_IDs are deliberately not in wnid order
@@ -68,6 +69,7 @@ def test_command_exits_non_zero_naming_the_cause(flat, tmp_path, capsys):
     assert main([str(flat), str(labels), "--out", str(tmp_path / "val")]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "has 1 labels (one per line) but 7 images were found" in err
+    assert_documented(err, "imagenet-val-layout")
 
 
 def test_name_label_pairs_and_rerun_is_a_no_op(flat, tmp_path):

@@ -8,6 +8,7 @@ import subprocess
 import pytest
 
 from app import slurm
+from tests.troubleshooting import assert_documented
 
 
 def dry_run(capsys, *args: str) -> str:
@@ -48,8 +49,9 @@ def test_cpu_tasks_and_the_default_run_dir(capsys):
 
 
 def test_auto_workers_need_the_cpus_per_task(capsys):
-    with pytest.raises(SystemExit, match="data.num_workers auto takes the CPUs SLURM gives each task"):
+    with pytest.raises(SystemExit, match="data.num_workers auto takes the CPUs SLURM gives each task") as stopped:
         dry_run(capsys, "--tasks-per-node", "2", "--", "fit", "--data.num_workers", "auto")
+    assert_documented(stopped.value.code, "slurm-submit")
     script = dry_run(capsys, "--tasks-per-node", "2", "--cpus-per-task", "8", "--", "fit", "--data.num_workers", "auto")
     assert "#SBATCH --cpus-per-task=8" in script and "--data.num_workers auto" in script
 
@@ -58,6 +60,32 @@ def test_a_job_that_would_fail_its_preflight_is_not_submitted(capsys):
     with pytest.raises(SystemExit) as stopped:
         dry_run(capsys, "--gpus-per-node", "4", "--", "fit", "--trainer.strategy", "dp")
     assert "nothing was submitted" in str(stopped.value.code) and "strategy dp" in str(stopped.value.code)
+    assert_documented(stopped.value.code, "slurm-submit")
+    problem = stopped.value.code.splitlines()[1]  # the preflight's problem, with the link of its own section
+    assert problem.startswith("  - ") and " Help: " in problem, problem
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--tasks-per-node", "2"],  # no command after --
+        ["--", "fit"],  # no processes per node
+    ],
+)
+def test_a_submit_without_its_command_or_processes_is_one_line(capsys, args):
+    with pytest.raises(SystemExit) as stopped:
+        slurm.main(["submit", "--dry-run", *args])
+    assert_documented(stopped.value.code, "slurm-submit")
+
+
+def test_submit_without_sbatch_names_the_script(capsys, tmp_path, monkeypatch):
+    """A machine without SLURM's commands (an empty PATH for the sbatch call): the script is written, not submitted."""
+    monkeypatch.setenv("PATH", str(tmp_path / "no-slurm-here"))
+    with pytest.raises(SystemExit) as stopped:
+        slurm.main(["submit", "--tasks-per-node", "2", "--", "fit", "--trainer.default_root_dir", str(tmp_path)])
+    assert_documented(stopped.value.code, "sbatch")
+    (script,) = (tmp_path / "sbatch").glob("*.sh")
+    assert str(script) in stopped.value.code
     assert "#SBATCH" not in capsys.readouterr().out
 
 

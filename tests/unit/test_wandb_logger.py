@@ -11,6 +11,7 @@ from jsonargparse import Namespace
 
 from app.cli import main
 from app.loggers import TensorBoardLogger, WandbLogger, prepare_loggers, redact, wandb_mode
+from tests.troubleshooting import assert_documented
 from tests.wandb_reader import offline_runs, requires_wandb
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,12 +89,14 @@ print("default config ok:", type(cli.trainer.logger).__name__)
 try:
     main(["--config", {WANDB_CONFIG!r}, "--trainer.default_root_dir", {str(tmp_path)!r}], run=False)
 except SystemExit as err:
-    print("exit:", err.code)
+    print("exit:")
+    print(err.code)
 """
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "default config ok: TensorBoardLogger" in out.stdout
-    assert "exit: error: The W&B logger" in out.stdout and "pip install wandb" in out.stdout, out.stdout
+    assert "exit:\nerror: The W&B logger" in out.stdout and "pip install wandb" in out.stdout, out.stdout
+    assert_documented(out.stdout, "wandb-missing")
 
 
 @pytest.mark.slow

@@ -33,6 +33,11 @@ def saved_net(arch: str, path: Path, seed: int = 0) -> dict[str, torch.Tensor]:
     return state
 
 
+def shares_no_row(new: torch.Tensor, pretrained: torch.Tensor) -> bool:
+    """True when no row of the new head's weight is a row of the pretrained head's (a new layer, not a copy)."""
+    return not (new[:, None] == pretrained[None]).all(dim=-1).any()
+
+
 @pytest.fixture
 def info_logs(caplog):
     caplog.set_level(logging.INFO, logger="lightning.pytorch.utilities.rank_zero")
@@ -49,6 +54,7 @@ def test_named_weights_load_from_the_cache_with_a_new_head_and_a_grayscale_first
             assert torch.equal(loaded[key], value), key
     # MNIST's 10 classes: a new head; grayscale: the RGB kernels summed into one input channel
     assert loaded["fc.weight"].shape == (10, 512) and loaded["fc.bias"].shape == (10,)
+    assert shares_no_row(loaded["fc.weight"], state["fc.weight"]), "the new head copies pretrained rows"
     assert loaded["conv1.weight"].shape == (64, 1, 7, 7)
     torch.testing.assert_close(loaded["conv1.weight"], state["conv1.weight"].sum(dim=1, keepdim=True))
     # so a gray image gives the first convolution's activations of its RGB copy
@@ -103,6 +109,7 @@ def test_state_dict_file_of_another_class_count(tmp_path, info_logs):
     state = saved_net("resnet18", path)
     net = zoo.build("resnet18", num_classes=100, in_channels=3, weights=str(path))
     assert net.fc.out_features == 100 and torch.equal(net.layer4[1].conv2.weight, state["layer4.1.conv2.weight"])
+    assert shares_no_row(net.fc.weight.detach(), state["fc.weight"]), "the new head copies pretrained rows"
     assert "1000 -> 100 classes" in info_logs.text
 
 
@@ -118,8 +125,8 @@ def test_checkpoint_of_this_app_is_a_weights_file(mnist_dir, tmp_path):
     trained, head = model.net.state_dict(), zoo.head(net)[0]
     assert head == "13"  # the Linear after the flatten
     for key, value in net.state_dict().items():
-        if key.startswith(f"{head}."):  # replaced
-            assert value.shape[0] == 5
+        if key.startswith(f"{head}."):  # replaced by a new layer, not the trained head's first rows
+            assert value.shape[0] == 5 and shares_no_row(value.reshape(5, -1), trained[key].reshape(10, -1)), key
         elif key == "0.weight":  # the first convolution, 1 -> 3 channels: the kernel divided by 3 on each
             torch.testing.assert_close(value, (trained[key] / 3).expand(-1, 3, -1, -1))
         else:

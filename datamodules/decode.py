@@ -27,10 +27,28 @@ from typing import Any, Literal
 import torch
 from PIL import Image
 
+from app.errors import UserError
+
 Decoder = Literal["cpu", "pil", "gpu"]
 DECODERS = ("cpu", "pil", "gpu")
 JPEG_MAGIC = b"\xff\xd8\xff"
 RANDOM_CROP_MIN_SCALE = 0.08  # torchvision's RandomResizedCrop default area fraction (and ratio 3/4 .. 4/3)
+
+
+class UnreadableImageError(UserError, RuntimeError):
+    """An image file could not be decoded; the message names it and the option that skips such files."""
+
+
+class _Skipped:
+    """What a dataset returns instead of a sample for an unreadable image when skipping is on."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+
+def encoded(data: bytes) -> torch.Tensor:
+    """Encoded image bytes as a 1-D uint8 tensor (what ``--data.decode gpu`` workers hand over)."""
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
 def min_side_for(image_size: int, train: bool, crop_ratio: float = 0.875) -> int:

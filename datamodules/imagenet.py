@@ -31,7 +31,17 @@ from torchvision.transforms import v2
 
 from app.errors import UserError
 from datamodules.base import ImageDataModule, Workers
-from datamodules.decode import DECODERS, Decoder, decode, decode_jpeg_tensor, min_side_for, read
+from datamodules.decode import (
+    DECODERS,
+    Decoder,
+    UnreadableImageError,
+    _Skipped,
+    decode,
+    decode_jpeg_tensor,
+    encoded,
+    min_side_for,
+    read,
+)
 from datamodules.shards import PLAN, ShardDataset, is_shards, read_manifest
 
 MEAN = (0.485, 0.456, 0.406)
@@ -41,17 +51,6 @@ TRAIN_SIZE, VAL_SIZE, NUM_CLASSES = 1_281_167, 50_000, 1000
 
 class ImageNetDataError(UserError, RuntimeError):
     """The data folder is missing or not in the expected layout; the message says what to do."""
-
-
-class UnreadableImageError(UserError, RuntimeError):
-    """An image file could not be decoded; the message names it and the option that skips such files."""
-
-
-class _Skipped:
-    """What a dataset returns instead of a sample for an unreadable image when skipping is on."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
 
 
 def load_image(path: str, decoder: Decoder = "cpu", min_side: int | None = None) -> torch.Tensor | Image.Image:
@@ -101,11 +100,6 @@ def collate_skipping(batch: list) -> tuple[torch.Tensor, torch.Tensor, list[str]
         )
     images, labels = default_collate(kept)
     return images, labels, skipped
-
-
-def encoded(data: bytes) -> torch.Tensor:
-    """Encoded image bytes as a 1-D uint8 tensor (what ``--data.decode gpu`` workers hand over)."""
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
 def collate_encoded(batch: list) -> tuple[list[torch.Tensor], torch.Tensor]:

@@ -53,7 +53,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_datas
 
 from app.errors import UserError
 from datamodules.base import available_cpus
-from datamodules.decode import Decoder, decode
+from datamodules.decode import Decoder, UnreadableImageError, _Skipped, decode, encoded
 
 FORMAT, VERSION = "dptrain-shards", 1
 MANIFEST, PLAN = "manifest.json", "plan.json"
@@ -442,8 +442,6 @@ class ShardDataset(Dataset):
         return (self.root / self.split / "keys.txt").read_text().splitlines()[index]
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
-        from datamodules.imagenet import UnreadableImageError, _Skipped, encoded
-
         shard, offset, size, label, _ = (int(v) for v in self.index[index])
         data = os.pread(self._fd(shard), size, offset)
         if self.decoder == "gpu":

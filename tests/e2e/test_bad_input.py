@@ -135,6 +135,7 @@ def trained_run(tmp_path_factory, mnist_dir):
     return last
 
 
+@pytest.mark.slow  # a real cli.py run of several seconds: out of the fast tier
 def test_resume_with_truncated_mnist_stops_and_keeps_last_ckpt(trained_run, mnist_dir, tmp_path):
     before = (trained_run.read_bytes(), os.stat(trained_run).st_mtime_ns)
     data = truncated_mnist(mnist_dir, tmp_path / "mnist")
@@ -151,6 +152,7 @@ def test_resume_with_truncated_mnist_stops_and_keeps_last_ckpt(trained_run, mnis
     assert (trained_run.read_bytes(), os.stat(trained_run).st_mtime_ns) == before
 
 
+@pytest.mark.slow  # a real cli.py run of several seconds: out of the fast tier
 def test_gpu_request_without_gpus_is_one_line_not_a_lightning_traceback(tmp_path):
     want = torch.cuda.device_count() + 1
     done = run_cli(
@@ -164,6 +166,7 @@ def test_gpu_request_without_gpus_is_one_line_not_a_lightning_traceback(tmp_path
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow  # a real cli.py run of several seconds: out of the fast tier
 @pytest.mark.skipif(torch.distributed.is_mpi_available(), reason="this PyTorch has MPI")
 def test_mpi_backend_on_a_torch_without_mpi_stops_in_the_preflight(tmp_path):
     # Horovod's usual transport; no PyTorch wheel has it

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
@@ -39,6 +40,7 @@ def counts(callbacks: list[Callback]) -> dict[str, int]:
     return {name: names.count(name) for name in names}
 
 
+@pytest.mark.slow  # a real cli.py run of several seconds: out of the fast tier
 def test_the_default_run_in_its_relative_run_folder(mnist_dir, tmp_path):
     """`cli.py fit` then `cli.py test --ckpt_path last` with the default run folder (runs/mnist, relative)."""
     (tmp_path / "data").symlink_to(mnist_dir)
@@ -54,6 +56,7 @@ def test_the_default_run_in_its_relative_run_folder(mnist_dir, tmp_path):
     assert "dirpath has changed" not in test.stdout, test.stdout[-3000:]
 
 
+@pytest.mark.slow  # a real cli.py run of several seconds: out of the fast tier
 def test_defaults_turned_off_with_one_flag_each(mnist_dir, tmp_path):
     """`--trainer.logger lightning.pytorch.loggers.CSVLogger` without save_dir writes into the run folder (its
     version_N layout); `--trainer.enable_checkpointing false` trains without writing a checkpoint."""

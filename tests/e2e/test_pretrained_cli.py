@@ -24,6 +24,7 @@ def run_args(root: Path, data_dir: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
+@pytest.mark.slow  # a real cli.py run of several seconds: out of the fast tier
 def test_missing_weights_offline_name_the_file_to_put_in_the_cache(mnist_dir, tmp_path):
     home = tmp_path / "empty_torch_home"
     result = run_cli(*run_args(tmp_path / "run", mnist_dir), env={"TORCH_HOME": str(home), **OFFLINE})

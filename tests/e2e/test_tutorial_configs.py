@@ -19,6 +19,7 @@ def resolved(config: str) -> dict:
     return yaml.safe_load(result.stdout)
 
 
+@pytest.mark.slow  # a real cli.py run of several seconds: out of the fast tier
 def test_tutorial_mnist_resolves_to_the_tutorial_recipe():
     config = resolved("configs/tutorial_mnist.yaml")
     trainer, model, data = config["trainer"], config["model"], config["data"]
@@ -35,6 +36,7 @@ def test_tutorial_mnist_resolves_to_the_tutorial_recipe():
     assert data["class_path"] == "datamodules.MNISTDataModule" and data["init_args"]["global_batch_size"] == 128
 
 
+@pytest.mark.slow  # a real cli.py run of several seconds: out of the fast tier
 def test_imagenet_apex_resolves_to_the_apex_recipe():
     config = resolved("configs/imagenet_apex.yaml")
     trainer, model, data = config["trainer"], config["model"], config["data"]["init_args"]

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = """
 import app  # registers nothing
@@ -31,6 +33,7 @@ print("import app.strategies: trained", type(trainer.strategy).__name__, trainer
 """
 
 
+@pytest.mark.slow  # a real cli.py run of several seconds: out of the fast tier
 def test_import_app_strategies_registers_the_names(tmp_path):
     (tmp_path / "train.py").write_text(SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}  # the package installed, the script in the user's own folder

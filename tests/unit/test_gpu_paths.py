@@ -110,6 +110,7 @@ def test_ddp_mp_process_group_is_not_bound_to_the_first_stage_gpu(monkeypatch):
     assert backend == "nccl" and "device_id" not in kwargs
 
 
+@pytest.mark.slow  # a real cli.py run of several seconds: out of the fast tier
 def test_bf16_true_trains_the_imagenet_config_on_cpu(tmp_path):
     """16-true/bf16-true: Lightning casts the (uint8) batch before on_after_batch_transfer; normalize() then made
     float32 images for bf16 weights and the first convolution failed."""

@@ -3,6 +3,8 @@ values, on the process group that exists (``app.parity``'s torchrun job runs it 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 
@@ -49,3 +51,11 @@ def check_collectives(device: torch.device) -> dict[str, bool]:
     results = [None] * world
     dist.all_gather_object(results, ok)
     return {name: all(r[name] for r in results) for name in ok}
+
+
+def gloo_side_group(made: Any) -> Any:
+    """The group for a small CPU collective of a callback: None (the default group) when that is gloo, else ``made``
+    or, the first time, a gloo group made for it (every rank calls this at the same point: new_group is collective)."""
+    if dist.get_backend() == "gloo":
+        return None
+    return made if made is not None else dist.new_group(backend="gloo")

@@ -19,6 +19,7 @@ from typing import Any
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from app.collectives import gloo_side_group
 from app.logging_steps import is_logging_step
 
 DEBUG_HANG_TIMEOUT = 120.0  # seconds: the hang watch's timeout under --launch.debug (unless set lower)
@@ -55,14 +56,9 @@ class DebugChecks(Callback):
 
     def _gather(self, trainer: Trainer, value: Any) -> list[Any]:
         everyone: list[Any] = [None] * trainer.world_size
-        group = None if dist.get_backend() == "gloo" else self._gloo()
-        dist.all_gather_object(everyone, value, group=group)
+        self._group = gloo_side_group(getattr(self, "_group", None))
+        dist.all_gather_object(everyone, value, group=self._group)
         return everyone
-
-    def _gloo(self) -> Any:
-        if getattr(self, "_group", None) is None:
-            self._group = dist.new_group(backend="gloo")
-        return self._group
 
     @staticmethod
     def _distributed(trainer: Trainer) -> bool:

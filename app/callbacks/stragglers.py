@@ -33,6 +33,7 @@ import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
+from app.collectives import gloo_side_group
 from app.logging_steps import is_logging_step
 
 DATA_BOUND = 0.5  # a slowest rank waiting for data this share of its own time is input-bound
@@ -104,12 +105,8 @@ class Stragglers(Callback):
         return [(own / n * 1000 if n else 0.0, data / own if own > 0 else 0.0) for own, data, n in sums]
 
     def _gloo(self) -> Any:
-        """The default group when it is gloo, else one gloo group made for this (every rank gets here at the same,
-        first, logging step, so new_group's collective lines up)."""
-        if dist.get_backend() == "gloo":
-            return None
-        if self._group is None:
-            self._group = dist.new_group(backend="gloo")
+        """Every rank gets here at the same, first, logging step, so the side group's collective lines up."""
+        self._group = gloo_side_group(self._group)
         return self._group
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:

@@ -274,16 +274,28 @@ TARGETS = {
 }
 
 
+def models_line(results: dict[str, Any]) -> str:
+    """The models measured (the groups' "<model> <precision>" names), resnet18 with its input size."""
+    settings = results["settings"]
+    names = dict.fromkeys(group.split()[0] for group in results["groups"])
+    return " and ".join(f"resnet18 at {settings['image_size']} px" if n == "resnet18" else MODELS[n][0] for n in names)
+
+
 def markdown(results: dict[str, Any]) -> str:
     settings = results["settings"]
     lines = [
         "# Step time: the app's modes against plain PyTorch",
         "",
         f"Machine: {machine_line(results['machine'])}. Load average (1 min) before / after: "
-        f"{results['load'][0]:.1f} / {results['load'][1]:.1f} (the benchmark's own 2 processes load 2 cores; above "
-        "that, other jobs were running: the interleaving keeps the ratios fair, the absolute times are inflated).",
+        f"{results['load'][0]:.1f} / {results['load'][1]:.1f} (the benchmark's own 2 processes load 2 cores"
+        + (
+            "; above that, other jobs were running: the interleaving keeps the ratios fair, the absolute times are "
+            "inflated)."
+            if max(results["load"]) > 3
+            else ")."
+        ),
         f"Settings: {settings['world_size']} gloo processes x 1 thread, synthetic in-memory data, "
-        f"per-process batch {settings['batch_size']}, resnet18 at {settings['image_size']} px, "
+        f"per-process batch {settings['batch_size']}, {models_line(results)}, "
         f"{settings['rounds']} measured rounds x {settings['steps'] - 1} kept step times per mode (after "
         f"{settings['warmup']} warm-up rounds), interleaved; median (p10-p90) of the step intervals; ratio = "
         f"median over rounds of the per-round ratio. Command: `{settings['command']}`",

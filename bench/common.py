@@ -48,6 +48,13 @@ def machine_line(info: dict[str, Any]) -> str:
     )
 
 
+def load_remark(load: list[float], busy: float) -> str:
+    """What the load average around a run says: ``busy`` is the load the benchmark itself puts on the machine."""
+    if max(load) > busy + 1:
+        return "other jobs shared the machine: absolute figures are low, compare the ratios measured in the same run"
+    return "no other job was running"
+
+
 def summary(seconds: list[float]) -> dict[str, float]:
     """Median, 10th and 90th percentile in milliseconds, and the number of samples."""
     ms = sorted(s * 1e3 for s in seconds)

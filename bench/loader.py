@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from bench.common import RESULTS, machine, machine_line, write_json
+from bench.common import RESULTS, load_remark, machine, machine_line, write_json
 
 DECODERS = ("pil", "tensor")
 
@@ -305,8 +305,8 @@ def shards_markdown(results: dict[str, Any]) -> str:
         "# Input pipeline: folder vs shards (`bench.loader --shards`)",
         "",
         f"Machine: {machine_line(results['machine'])}. Load average (1 min) before / after: "
-        f"{s['load_average'][0]} / {s['load_average'][1]} on {results['machine']['host_cpus']} cores (other jobs "
-        "shared the machine: absolute figures are low, compare the ratios measured in the same run).",
+        f"{s['load_average'][0]} / {s['load_average'][1]} on {results['machine']['host_cpus']} cores "
+        f"({load_remark(s['load_average'], 1)}).",
         f"{s['images']} training JPEGs per source ({'; '.join(f'{k}: {v}' for k, v in s['sources'].items())}), "
         f"{s['transform']}; one process, one thread; median over {s['rounds']} interleaved rounds. "
         f"Command: `{results['command']}`",
@@ -344,7 +344,7 @@ def markdown(results: dict[str, Any], command: str) -> str:
         f"{s['images']} JPEGs ({s['jpeg']}, mean {s['mean_kb']} KB), training transform RandomResizedCrop "
         f"{s['image_size']} + flip, output {s['output']}; one process, one thread; median over {s['rounds']} "
         f"interleaved rounds. Load average (1 min) before / after: {s['load_average'][0]} / {s['load_average'][1]} "
-        "(2 cores: above 1, other jobs shared the machine and the absolute figures are low; the ratio holds). "
+        f"({load_remark(s['load_average'], 1)}). "
         f"Command: `{command}`",
         "",
         f"| decoder | img/s per core, median (min-max) | cores for {s['target']:,.0f} img/s |",

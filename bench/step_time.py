@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from app.strategies.layout import layout_of, parity_modes
-from bench.common import RESULTS, batch_clock, figure, machine_line, progress, run_job, summary
+from bench.common import RESULTS, batch_clock, figure, load_remark, machine_line, progress, run_job, summary
 from bench.common import report as report_results
 
 # mode -> (processes it uses, plain counterpart(s) its ratio is taken against, app strategy name or None)
@@ -287,13 +287,8 @@ def markdown(results: dict[str, Any]) -> str:
         "# Step time: the app's modes against plain PyTorch",
         "",
         f"Machine: {machine_line(results['machine'])}. Load average (1 min) before / after: "
-        f"{results['load'][0]:.1f} / {results['load'][1]:.1f} (the benchmark's own 2 processes load 2 cores"
-        + (
-            "; above that, other jobs were running: the interleaving keeps the ratios fair, the absolute times are "
-            "inflated)."
-            if max(results["load"]) > 3
-            else ")."
-        ),
+        f"{results['load'][0]:.1f} / {results['load'][1]:.1f} (the benchmark's own 2 processes load 2 cores; "
+        f"{load_remark(results['load'], 2)}).",
         f"Settings: {settings['world_size']} gloo processes x 1 thread, synthetic in-memory data, "
         f"per-process batch {settings['batch_size']}, {models_line(results)}, "
         f"{settings['rounds']} measured rounds x {settings['steps'] - 1} kept step times per mode (after "

@@ -1,5 +1,6 @@
-"""``--launch.debug true``: the preset for a bad day. torch's and NCCL's own checks and logs, a short hang timeout,
-and two checks of the app's own on what most often makes DDP jobs hang or fail at an epoch's end:
+"""``--launch.debug true``: the preset for a bad day. torch's and NCCL's own checks and logs (:func:`apply_debug`),
+each rank's in a file of its own (:func:`capture_rank_logs`), a short hang timeout, and two checks of the app's own
+on what most often makes DDP jobs hang or fail at an epoch's end:
 
 - at each epoch's start every rank must have the same number of training batches (a rank with fewer leaves the epoch
   early and the others wait for it in a collective: torchtitan #1618, pytorch #53979);

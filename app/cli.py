@@ -28,7 +28,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 import app.strategies  # noqa: F401  (registers the strategy names before the parser reads them)
 from app.callbacks import DEFAULTS, ModelCheckpoint, StopAtAccuracy
-from app.callbacks.debug_checks import DEBUG_HANG_TIMEOUT, DebugChecks, apply_debug
+from app.callbacks.debug_checks import DEBUG_HANG_TIMEOUT, DebugChecks, apply_debug, capture_rank_logs
 from app.callbacks.hang_watch import apply_flight_recorder, effective_timeout
 from app.callbacks.hang_watch import install as install_hang_watch
 from app.checkpoint import (
@@ -109,9 +109,10 @@ class CLI(LightningCLI):
             "--launch.debug",
             type=bool,
             default=False,
-            help="The preset for a bad day: TORCH_DISTRIBUTED_DEBUG=DETAIL, NCCL_DEBUG=INFO (one log file per "
-            "process), a hang timeout of 120 s at most, and checks that every rank has the same number of batches "
-            "at each epoch's start and logs the same metric keys on each logging step.",
+            help="The preset for a bad day: TORCH_DISTRIBUTED_DEBUG=DETAIL and NCCL_DEBUG=INFO, with torch's "
+            "distributed log of each rank in <default_root_dir>/debug/rank<R>.log, a hang timeout of 120 s at most, "
+            "and checks that every rank has the same number of batches at each epoch's start and logs the same metric "
+            "keys on each logging step.",
         )
         parser.add_argument(
             "--trust_checkpoint",
@@ -172,13 +173,14 @@ class CLI(LightningCLI):
         apply_flight_recorder(self.trainer.strategy, Path(self.trainer.default_root_dir) / "nccl_trace")
         if config.launch.debug:
             folder = Path(self.trainer.default_root_dir) / "debug"
-            backend = getattr(self.trainer.strategy, "_get_process_group_backend", lambda: "gloo")()
-            made = apply_debug(folder, backend)
+            made = apply_debug(folder)
+            capture_rank_logs(self.trainer.strategy, folder)
             self.trainer.callbacks.append(DebugChecks())
             rank_zero_info(
                 f"--launch.debug: {' '.join(f'{k}={v}' for k, v in made.items()) or '(your debug variables kept)'}; "
                 f"hang timeout {self.plan.hang_timeout:g} s; checks: the same number of batches on every rank at each "
-                "epoch's start, the same metric keys on each logging step."
+                "epoch's start, the same metric keys on each logging step; torch's distributed log of each rank in "
+                f"{folder / 'rank<R>.log'}"
             )
         if config.trust_checkpoint and isinstance(self.trainer.strategy.checkpoint_io, AtomicCheckpointIO):
             self.trainer.strategy.checkpoint_io.weights_only = False

@@ -1,5 +1,6 @@
-"""``--launch.debug true``: the preset for a bad day. torch's and NCCL's own checks and logs, a short hang timeout,
-and two checks of the app's own on what most often makes DDP jobs hang or fail at an epoch's end:
+"""``--launch.debug true``: the preset for a bad day. torch's and NCCL's own checks and logs (:func:`apply_debug`),
+each rank's in a file of its own (:func:`capture_rank_logs`), a short hang timeout, and two checks of the app's own
+on what most often makes DDP jobs hang or fail at an epoch's end:
 
 - at each epoch's start every rank must have the same number of training batches (a rank with fewer leaves the epoch
   early and the others wait for it in a collective: torchtitan #1618, pytorch #53979);
@@ -12,7 +13,9 @@ A failed check ends every rank with status 1 and one message naming the ranks an
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,26 +28,102 @@ from app.logging_steps import is_logging_step
 DEBUG_HANG_TIMEOUT = 120.0  # seconds: the hang watch's timeout under --launch.debug (unless set lower)
 
 
-def debug_env(folder: Path, backend: str = "nccl") -> dict[str, str]:
+def debug_env(folder: Path) -> dict[str, str]:
     """The variables ``--launch.debug`` sets (a user's own values win): torch's collective checks (``DETAIL``: every
-    collective's shapes and order compared across ranks, costly) and NCCL's log, one file per host and process in
-    ``folder``. On gloo torch's level is ``INFO``: with ``DETAIL`` a 2-process gloo ``cli.py fit`` of this app ends
-    with a segmentation fault of rank 0 right after the process group forms (torch 2.14.1, CPU; not investigated
-    further), and the other rank then waits for it."""
+    collective's op, shapes and order compared across ranks before it runs, costly), c10d's C++ log at ``INFO``, and
+    NCCL's log, one file per host and process in ``folder`` (NCCL expands ``%h`` and ``%p`` itself)."""
     return {
-        "TORCH_DISTRIBUTED_DEBUG": "DETAIL" if backend == "nccl" else "INFO",
+        "TORCH_DISTRIBUTED_DEBUG": "DETAIL",
+        "TORCH_CPP_LOG_LEVEL": "INFO",
         "NCCL_DEBUG": "INFO",
-        "NCCL_DEBUG_FILE": str(folder / "nccl.%h.%p.log"),  # NCCL expands %h (host) and %p (pid)
+        "NCCL_DEBUG_FILE": str(folder / "nccl.%h.%p.log"),
     }
 
 
-def apply_debug(folder: Path, backend: str, environ: Any = os.environ) -> dict[str, str]:
-    """Sets :func:`debug_env` (before the process group exists: torch and NCCL read them when it is made); returns
-    the variables set."""
-    made = {k: v for k, v in debug_env(folder, backend).items() if k not in environ}
+def apply_debug(folder: Path, environ: Any = os.environ) -> dict[str, str]:
+    """Sets :func:`debug_env` before the process group exists; returns the variables set.
+
+    ``TORCH_CPP_LOG_LEVEL`` is read only when a process starts, so it reaches the ranks Lightning's launcher starts
+    after this, not rank 0, nor the ranks of a torchrun or srun job: export it for them before the launch."""
+    made = {k: v for k, v in debug_env(folder).items() if k not in environ}
     environ.update(made)
     folder.mkdir(parents=True, exist_ok=True)
     return made
+
+
+def rank_log(folder: Path, rank: int) -> Path:
+    """The debug log of ``rank``: everything torch's distributed tooling writes in that process."""
+    return folder / f"rank{rank}.log"
+
+
+def capture_rank_logs(strategy: Any, folder: Path) -> None:
+    """Sends what c10d writes for each rank to that rank's :func:`rank_log`, from just before its process group forms.
+
+    c10d writes its C++ messages (``DETAIL``'s checks, DDP's set-up and timings, gloo's) to file descriptor 2 and its
+    Python ones through the ``torch.distributed`` loggers. Lightning's launcher has nothing like torchrun's
+    ``--log-dir``/``--redirects``, so by hand: fd 2 becomes the rank's file and Python's ``sys.stderr`` (the app's
+    messages, Lightning's log, tracebacks) moves to a copy of the old fd 2, the terminal. Done as the strategy sets up
+    its environment: after Lightning's launcher started the other ranks (they would inherit rank 0's fd 2).
+    """
+    setup_environment = strategy.setup_environment
+
+    def with_rank_log() -> None:
+        many = strategy.world_size > 1
+        if many:
+            _redirect_fd2(rank_log(folder, strategy.global_rank), strategy.global_rank)
+            # torch read TORCH_DISTRIBUTED_DEBUG when torch.distributed was imported, maybe before apply_debug set it
+            dist.set_debug_level_from_env()
+        setup_environment()
+        if many and dist.get_debug_level() == dist.DebugLevel.DETAIL:
+            _ddp_outside_the_wrapper(strategy)
+
+    strategy.setup_environment = with_rank_log  # this run's strategy only (an instance attribute)
+
+
+def _redirect_fd2(path: Path, rank: int) -> None:
+    old = sys.stderr
+    old.flush()
+    terminal = os.fdopen(os.dup(2), "w", buffering=1, encoding=old.encoding, errors="backslashreplace")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stderr = terminal
+    for handler in _handlers():  # Lightning's own log handler holds the old sys.stderr (fd 2 now: the file)
+        if isinstance(handler, logging.StreamHandler) and handler.stream is old:
+            handler.setStream(terminal)
+    # torch's loggers (torch._logging: each with its own stderr handler, not propagating) write INFO to the file only
+    to_file = logging.FileHandler(path)  # appends, as fd 2 does: the lines interleave, none is lost
+    to_file.setFormatter(logging.Formatter(f"[rank{rank}]:%(levelname).1s%(asctime)s %(name)s] %(message)s"))
+    logging.getLogger("torch.distributed").setLevel(logging.INFO)
+    for name, log in _named():
+        if name == "torch.distributed" or (name.startswith("torch.distributed.") and not log.propagate):
+            for handler in log.handlers:
+                handler.setLevel(max(handler.level, logging.WARNING))
+            log.addHandler(to_file)
+
+
+def _named() -> list[tuple[str, logging.Logger]]:
+    return [(n, lg) for n, lg in list(logging.Logger.manager.loggerDict.items()) if isinstance(lg, logging.Logger)]
+
+
+def _handlers() -> list[logging.Handler]:
+    return [h for lg in (logging.getLogger(), *(lg for _, lg in _named())) for h in lg.handlers]
+
+
+def _ddp_outside_the_wrapper(strategy: Any) -> None:
+    """torch 2.14.1's DDP constructor segfaults on a gloo process group made under ``DETAIL``
+    (``c10d::Logger::set_env_variables`` casts the group's gloo backend to ``ProcessGroupGloo`` and reads its thread
+    count, but ``DETAIL`` made it a ``ProcessGroupWrapper``; reproducer: ``tools/gloo_detail_ddp.py``).
+    So on gloo DDP gets a gloo group of its own made without the wrapper: its gradient all-reduces are not checked,
+    every other collective (Lightning's, ``sync_dist``, the app's) still is."""
+    kwargs = getattr(strategy, "_ddp_kwargs", None)  # DDPStrategy's arguments for DistributedDataParallel
+    if kwargs is None or "process_group" in kwargs or dist.get_backend() != "gloo":
+        return
+    dist.set_debug_level(dist.DebugLevel.INFO)
+    try:
+        kwargs["process_group"] = dist.new_group(backend="gloo", timeout=getattr(strategy, "_timeout", None))
+    finally:
+        dist.set_debug_level(dist.DebugLevel.DETAIL)
 
 
 class DebugCheckError(SystemExit):

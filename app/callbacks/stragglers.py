@@ -15,10 +15,13 @@ CPU tensor over gloo brings every rank's sums to every rank, and the logger gets
 - per rank: ``perf/rank_step_time_ms/rank<R>`` and ``perf/rank_data_wait_frac/rank<R>`` (one series per rank in
   TensorBoard and W&B).
 
-At the end of ``fit`` rank 0 prints a per-rank table (rank, host, mean own step time, data-wait share) that names
-the slowest rank, by how much, and the likely fix. Not seen: a rank slower in its forward/backward compute itself (a
-throttled GPU) hides inside the all-reduce, where the others wait for it; on a GPU the host timers measure when the
-host is held up (data, a full launch queue), not the device's own time.
+At the end of ``fit`` every rank's totals are gathered into a per-rank table (rank, host, mean own step time,
+data-wait share) that names the slowest rank, by how much, and the likely fix; rank 0 prints it as the last block of
+the training summary (:class:`~app.callbacks.summary.TrainingSummary`), or alone when the run has no summary.
+
+Not seen: a rank slower in its forward/backward compute itself (a throttled GPU) hides inside the all-reduce, where
+the others wait for it; on a GPU the host timers measure when the host is held up (data, a full launch queue), not
+the device's own time.
 """
 
 from __future__ import annotations
@@ -109,9 +112,10 @@ class Stragglers(Callback):
         self._group = gloo_side_group(self._group)
         return self._group
 
-    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if not self._distributed(trainer) or not self._total[2]:
-            return
+    def collect(self, trainer: Trainer) -> list[dict[str, Any]]:
+        """The per-rank table of this fit, gathered once (two collectives over gloo: every rank must call it)."""
+        if self.table or not self._distributed(trainer) or not self._total[2]:
+            return self.table
         ranks = self._gather(trainer, self._total)
         hosts: list[Any] = [None] * trainer.world_size
         dist.all_gather_object(hosts, socket.gethostname(), group=self._gloo())
@@ -119,8 +123,14 @@ class Stragglers(Callback):
             {"rank": r, "host": h, "step_ms": ms, "data_wait_frac": frac}
             for r, (h, (ms, frac)) in enumerate(zip(hosts, ranks, strict=True))
         ]
-        rank_zero_info(render(self.table))
         self._group = None  # the run's end must not keep a group alive (app.launch.group)
+        return self.table
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # the summary (a callback before this one) has collected and printed the table already; without one, alone
+        shown = any(getattr(cb, "shows_stragglers", False) for cb in trainer.callbacks)
+        if self.collect(trainer) and not shown:
+            rank_zero_info(render(self.table))
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._group = None

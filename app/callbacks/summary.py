@@ -1,4 +1,5 @@
-"""A small table at the end of ``fit`` on rank 0, also written to ``<log_dir>/summary.json``."""
+"""A small table at the end of ``fit`` on rank 0, also written to ``<log_dir>/summary.json``; in a multi-process run
+its last block is the per-rank step time of :class:`~app.callbacks.stragglers.Stragglers`."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from app.callbacks.amp import AMPHealth
 from app.callbacks.stop_at_accuracy import StopAtAccuracy
+from app.callbacks.stragglers import Stragglers, render
 from app.callbacks.throughput import Throughput, data_parallel_devices
 
 
@@ -21,17 +23,21 @@ def _find(trainer: Trainer, kind: type) -> Any:
 class TrainingSummary(Callback):
     """At the end of ``fit``, rank 0 prints best and last validation accuracy, time to target (with
     :class:`StopAtAccuracy`), mean throughput (with :class:`Throughput`), skipped AMP steps (with :class:`AMPHealth`),
-    world size, strategy and precision, and writes the same figures to ``summary.json`` in the run folder.
+    world size, strategy and precision, then (with :class:`Stragglers`, more than one process) the per-rank step
+    time table naming the slowest rank, and writes the same figures to ``summary.json`` in the run folder.
 
     Args:
         monitor: the accuracy metric to report.
     """
+
+    shows_stragglers = True  # Stragglers leaves its table to this summary
 
     def __init__(self, monitor: str = "val/acc1") -> None:
         self.monitor = monitor
         self.best: float | None = None
         self.last: float | None = None
         self.summary: dict[str, Any] = {}
+        self.ranks: list[dict[str, Any]] = []
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.sanity_checking or self.monitor not in trainer.callback_metrics:
@@ -55,6 +61,8 @@ class TrainingSummary(Callback):
             "precision": trainer.precision,
             "AMP skipped steps": amp.skipped_steps if amp else None,
         }
+        stragglers = _find(trainer, Stragglers)
+        self.ranks = stragglers.collect(trainer) if stragglers else []  # a collective: every rank gathers
         # Lightning's Rich progress bar draws its last frame when it stops, in its teardown (after on_fit_end): stopped
         # here, the bar of the last epoch is finished before the table, not drawn below it (TQDM's teardown: no-op)
         if trainer.progress_bar_callback is not None:
@@ -67,9 +75,13 @@ class TrainingSummary(Callback):
         rows = [(key, _fmt(value)) for key, value in self.summary.items()]
         width = max(len(k) for k, _ in rows)
         rule = "-" * (width + 3 + max(len(v) for _, v in rows))
-        rank_zero_info("\n".join(["Training summary", rule, *(f"{k:<{width}}   {v}" for k, v in rows), rule]))
+        block = ["Training summary", rule, *(f"{k:<{width}}   {v}" for k, v in rows), rule]
+        if self.ranks:
+            block += [render(self.ranks), rule]
+        rank_zero_info("\n".join(block))
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
+        figures = {**self.summary, **({"per rank": self.ranks} if self.ranks else {})}
+        (folder / "summary.json").write_text(json.dumps(figures, indent=2) + "\n")
 
     def state_dict(self) -> dict[str, Any]:
         return {"best": self.best, "last": self.last}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from lightning.pytorch import Callback
 
@@ -37,10 +39,13 @@ def fit(root, mnist_dir, callback: str):
 
 def test_debug_sets_torch_and_nccl_checks_with_a_log_file_per_process(tmp_path):
     environ = {"NCCL_DEBUG": "WARN"}  # the user's own value stays
-    made = apply_debug(tmp_path / "debug", "nccl", environ)
-    assert made == {"TORCH_DISTRIBUTED_DEBUG": "DETAIL", "NCCL_DEBUG_FILE": str(tmp_path / "debug" / "nccl.%h.%p.log")}
+    made = apply_debug(tmp_path / "debug", environ)
+    assert made == {
+        "TORCH_DISTRIBUTED_DEBUG": "DETAIL",
+        "TORCH_CPP_LOG_LEVEL": "INFO",
+        "NCCL_DEBUG_FILE": str(tmp_path / "debug" / "nccl.%h.%p.log"),
+    }
     assert environ["NCCL_DEBUG"] == "WARN" and (tmp_path / "debug").is_dir()
-    assert apply_debug(tmp_path / "debug", "gloo", {})["TORCH_DISTRIBUTED_DEBUG"] == "INFO"  # DETAIL: see debug_env
 
 
 @pytest.mark.slow
@@ -57,6 +62,17 @@ def test_a_disagreement_between_ranks_is_named(mnist_dir, tmp_path, callback, sa
     out = run.stdout + run.stderr
     lines = [line for line in out.splitlines() if line.startswith("error: --launch.debug:")]
     assert run.returncode == 1 and lines and said in lines[0], out[-4000:]
-    assert "--launch.debug: TORCH_DISTRIBUTED_DEBUG=INFO NCCL_DEBUG=INFO" in out and "hang timeout 120 s" in out
+    assert "--launch.debug: TORCH_DISTRIBUTED_DEBUG=DETAIL " in out and "hang timeout 120 s" in out
+    # DETAIL on gloo: DDP was built (torch's segfault avoided, see debug_checks), each rank's c10d lines in its file
+    where = [line for line in out.splitlines() if "rank<R>.log" in line]
+    assert len(where) == 1 and str(tmp_path / "run" / "debug" / "rank<R>.log") in where[0], out[-4000:]
+    assert "Running collective" not in out and "DDP Initialized with" not in out, out[-4000:]  # not on the terminal
+    for rank in (0, 1):
+        text = (tmp_path / "run" / "debug" / f"rank{rank}.log").read_text()
+        tags = set(re.findall(r"\[rank(\d+)\]:", text))
+        assert tags == {str(rank)}, (rank, tags, text[-2000:])  # this rank's lines, no other's
+        assert "Using backend config" in text, text[-2000:]  # c10d's Python logger
+    rank1 = (tmp_path / "run" / "debug" / "rank1.log").read_text()  # a rank Lightning started: C++ INFO lines too
+    assert "ProcessGroupWrapper" in rank1 and "[Rank 1]: DDP Initialized with" in rank1, rank1[-2000:]
     if callback == "MetricOnRank1":
         assert "debug/rank1_only" in lines[0], lines

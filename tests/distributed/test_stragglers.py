@@ -1,7 +1,8 @@
-"""A rank slowed on purpose is named as the slowest, in the logger and in the end-of-fit table (2 gloo processes)."""
+"""A rank slowed on purpose is named as the slowest, in the logger and in the training summary (2 gloo processes)."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -34,8 +35,15 @@ def test_a_slowed_rank_is_named_in_the_logger_and_the_summary(mnist_dir, tmp_pat
     )  # fmt: skip
     out = fit.stdout + fit.stderr
     assert fit.returncode == 0, out[-4000:]
-    verdict = next((line for line in out.splitlines() if "is the slowest" in line), out[-3000:])
+    lines = out.splitlines()
+    verdicts = [i for i, line in enumerate(lines) if "is the slowest" in line]
+    assert len(verdicts) == 1 and out.count("Training summary") == 1, out[-3000:]  # one block, printed once
+    verdict, block = lines[verdicts[0]], lines[lines.index("Training summary") : verdicts[0] + 2]
     assert verdict.startswith("rank 1 (host ") and "x the median step" in verdict, verdict
+    # the table is the summary's last block: its rows follow the summary's figures, a rule closes it
+    assert any(line.startswith("world size") for line in block) and set(block[-1]) == {"-"}, "\n".join(block)
+    ranks = json.loads((tmp_path / "version_0" / "summary.json").read_text())["per rank"]
+    assert [r["rank"] for r in ranks] == [0, 1] and ranks[1]["step_ms"] > ranks[0]["step_ms"], ranks
     events = EventAccumulator(str(tmp_path / "version_0")).Reload()
     slowest = [p.value for p in events.Scalars("perf/slowest_rank")]
     assert slowest and set(slowest) == {1.0}, slowest

@@ -10,9 +10,17 @@
   on CUDA) and the transforms run there. Needs CUDA.
 
 Reduced-size decoding: libjpeg can decode a JPEG at 1/2, 1/4 or 1/8 of its size in the DCT domain, much cheaper
-than decoding it whole and shrinking it afterwards. :func:`decode` asks for it (PIL's ``Image.draft``) whenever the
-shorter side still keeps at least ``min_side`` pixels, the most the transform will use (``min_side_for``); TorchCodec
-has no such option, so those JPEGs go through PIL.
+than decoding it whole and shrinking it afterwards. TorchCodec has no such option, so those JPEGs go through PIL
+(``Image.draft``). Where it applies:
+
+- training (:func:`decode_for` with a transform that starts with ``RandomResizedCrop``): the crop's box is
+  drawn first, from the size in the JPEG's header, with the very draws the transform would make on the decoded
+  image; the JPEG is then decoded at the largest reduction that keeps that box at least the output size (a box of
+  448x448 or more for 224 px: 1/2), and the scaled box is cropped and resized. The same boxes, flips and output size
+  as decoding first; an ImageNet-sized photo (~500x375) never has a box twice 224 px, so it is decoded whole, as
+  before, pixel for pixel;
+- otherwise (evaluation): whenever the shorter side still keeps at least ``min_side`` pixels, the most the transform
+  will use (``min_side_for``).
 """
 
 from __future__ import annotations
@@ -26,12 +34,14 @@ from typing import Any, Literal
 
 import torch
 from PIL import Image
+from torchvision.transforms import v2
 
 from app.errors import UserError
 
 Decoder = Literal["cpu", "pil", "gpu"]
 DECODERS = ("cpu", "pil", "gpu")
 JPEG_MAGIC = b"\xff\xd8\xff"
+EXIF_ORIENTATION = 0x0112  # the tag TorchCodec applies and PIL does not
 RANDOM_CROP_MIN_SCALE = 0.08  # torchvision's RandomResizedCrop default area fraction (and ratio 3/4 .. 4/3)
 
 
@@ -87,6 +97,64 @@ def decode(data: bytes, decoder: Decoder = "cpu", min_side: int | None = None) -
             except RuntimeError:
                 pass  # truncated or unusual JPEGs: PIL decides, with the same error as for every other format
     return _pil(data, min_side)
+
+
+def decode_crop(data: bytes, crop: v2.RandomResizedCrop, decoder: Decoder = "cpu") -> torch.Tensor | Image.Image:
+    """``crop(decode(data, decoder))`` for a JPEG, with the crop's box drawn before decoding, from the header's size,
+    so that a box of at least twice the output size is decoded at 1/2, 1/4 or 1/8 scale (libjpeg's DCT scaling)
+    instead of whole, then cropped and resized.
+
+    The draws are ``crop``'s own (``make_params`` on the header-only image: the same random numbers in the same
+    order as on the decoded image), so the boxes, and the flips drawn after them, are those of decoding first; a box
+    decoded whole gives the same pixels. A JPEG with an EXIF orientation, which TorchCodec applies (the decoded size
+    is then not the header's), is decoded first, as without this function.
+    """
+    header = Image.open(io.BytesIO(data))  # lazy: parses the header only
+    if header.format != "JPEG" or header.getexif().get(EXIF_ORIENTATION, 1) != 1:
+        return crop(decode(data, decoder))
+    box = crop.make_params([header])  # top, left, height, width in the full-size image
+    out_h, out_w = crop.size
+    factor = 1
+    while factor < 8 and box["height"] >= 2 * factor * out_h and box["width"] >= 2 * factor * out_w:
+        factor *= 2
+    if factor == 1:
+        image = decode(data, decoder)  # whole, as without this function
+    else:
+        width, height = header.size
+        header.draft("RGB", (width // factor, height // factor))  # exactly 1/factor (PIL picks the largest <= asked)
+        image = header.convert("RGB")
+        if decoder != "pil":  # a tensor, as TorchCodec gives: torch's uint8 resize is faster than PIL's
+            image = v2.functional.pil_to_tensor(image)
+        scaled_h, scaled_w = v2.functional.get_size(image)
+        sx, sy = scaled_w / width, scaled_h / height
+        top, left = min(round(box["top"] * sy), scaled_h - 1), min(round(box["left"] * sx), scaled_w - 1)
+        box = {
+            "top": top,
+            "left": left,
+            "height": max(min(round(box["height"] * sy), scaled_h - top), 1),
+            "width": max(min(round(box["width"] * sx), scaled_w - left), 1),
+        }
+    return v2.functional.resized_crop(
+        image, **box, size=crop.size, interpolation=crop.interpolation, antialias=crop.antialias
+    )
+
+
+def decode_for(
+    data: bytes, transform: Any, decoder: Decoder = "cpu", min_side: int | None = None
+) -> tuple[torch.Tensor | Image.Image, Callable[[Any], Any]]:
+    """The decoded image and the part of ``transform`` still to apply to it: ``rest(image)`` is
+    ``transform(decode(data, decoder, min_side))``, except that a ``v2.Compose`` starting with
+    ``RandomResizedCrop`` has its crop done while decoding a JPEG (:func:`decode_crop`)."""
+    steps = getattr(transform, "transforms", None)
+    if steps and isinstance(steps[0], v2.RandomResizedCrop) and data[:3] == JPEG_MAGIC:
+        return decode_crop(data, steps[0], decoder), functools.partial(_apply, steps[1:])
+    return decode(data, decoder, min_side), transform
+
+
+def _apply(steps: list[Callable[[Any], Any]], image: Any) -> Any:
+    for step in steps:
+        image = step(image)
+    return image
 
 
 @functools.cache

@@ -37,6 +37,7 @@ from datamodules.decode import (
     UnreadableImageError,
     _Skipped,
     decode,
+    decode_for,
     decode_jpeg_tensor,
     encoded,
     min_side_for,
@@ -79,7 +80,7 @@ class ImageFolderChecked(ImageFolder):
         if self.decoder == "gpu":  # the bytes only: the main process decodes the batch on its GPU
             return encoded(read(path)), target
         try:
-            image = load_image(path, self.decoder, self.min_side)
+            image, transform = decode_for(read(path), self.transform, self.decoder, self.min_side)
         except (OSError, ValueError, SyntaxError) as err:  # PIL's UnidentifiedImageError and truncation are OSErrors
             if self.skip_unreadable:
                 return _Skipped(path)
@@ -87,7 +88,7 @@ class ImageFolderChecked(ImageFolder):
                 f"cannot read image {path}: {type(err).__name__}: {err}. Replace or delete the file, or pass "
                 "--data.skip_unreadable true to skip unreadable images (they are counted and reported)."
             ) from err
-        return self.transform(image), target
+        return transform(image), target
 
 
 def collate_skipping(batch: list) -> tuple[torch.Tensor, torch.Tensor, list[str]]:

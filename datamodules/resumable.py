@@ -48,7 +48,9 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
 
 
 def _seed_all(value: int) -> None:
-    torch.manual_seed(value)
+    # the CPU generator, which the transforms draw from: torch.manual_seed would also queue a lazy seeding of every
+    # CUDA device, formatting a stack trace each time (~130 us per sample in a worker, 10 % of its decode + crop)
+    torch.default_generator.manual_seed(value)
     random.seed(value)
     np.random.seed(value)
 

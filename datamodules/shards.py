@@ -53,7 +53,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_datas
 
 from app.errors import UserError
 from datamodules.base import available_cpus
-from datamodules.decode import Decoder, UnreadableImageError, _Skipped, decode, encoded
+from datamodules.decode import Decoder, UnreadableImageError, _Skipped, decode, decode_for, encoded
 
 FORMAT, VERSION = "dptrain-shards", 1
 MANIFEST, PLAN = "manifest.json", "plan.json"
@@ -447,7 +447,7 @@ class ShardDataset(Dataset):
         if self.decoder == "gpu":
             return encoded(data), label
         try:
-            image = decode(data, self.decoder, self.min_side)
+            image, transform = decode_for(data, self.transform, self.decoder, self.min_side)
         except (OSError, ValueError, SyntaxError) as err:
             where = f"{self.files[shard]} at byte {offset} ({self.key(index)})"
             if self.skip_unreadable:
@@ -456,7 +456,7 @@ class ShardDataset(Dataset):
                 f"cannot read image {where}: {type(err).__name__}: {err}. Convert the shards again, or pass "
                 "--data.skip_unreadable true to skip unreadable images."
             ) from err
-        return self.transform(image), label
+        return transform(image), label
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_fds": {}}  # descriptors do not travel to spawned workers

@@ -10,8 +10,8 @@ import torch
 from PIL import Image
 from torchvision.transforms.v2.functional import pil_to_tensor
 
-from datamodules.decode import decode, min_side_for
-from datamodules.imagenet import ImageNetDataError, ImageNetDataModule
+from datamodules.decode import decode, decode_for, min_side_for
+from datamodules.imagenet import ImageNetDataError, ImageNetDataModule, classic_transforms
 from tests.e2e.test_bad_input import IMAGENET, cli  # noqa: F401  (the in-process CLI fixture)
 from tests.unit.test_imagenet import _photo_sources, photos  # noqa: F401  (the real-photo ImageFolder fixture)
 
@@ -57,6 +57,45 @@ def test_reduced_size_decoding_keeps_what_the_transform_needs(rocket):
     assert decode(huge, min_side=training).size == (1920, 1281)  # half of it still gives the smallest crop 313 px
     assert decode(big).shape == (3, 1708, 2560)  # no min_side: full size
     assert decode(_jpeg(rocket), min_side=evaluation).shape == (3, 427, 640)  # not 2x larger: full size, TorchCodec
+
+
+def _both_ways(data: bytes, transform, seed: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """The training transform after decoding whole, and after ``decode_for`` (crop while decoding), from the same
+    seed; and whether both consumed the same random numbers (the next draw agrees)."""
+    torch.manual_seed(seed)
+    first = transform(decode(data))
+    after_first = torch.rand(1)
+    torch.manual_seed(seed)
+    image, rest = decode_for(data, transform)
+    second = rest(image)
+    return first, second, bool(torch.equal(after_first, torch.rand(1)))
+
+
+def test_training_crop_drawn_before_decoding_gives_the_same_crops_and_decodes_large_boxes_reduced(rocket):
+    transform = classic_transforms(224, train=True, uint8=True)
+    # ImageNet-sized (~500x375): no box is twice 224 px, so every crop is decoded whole, pixel for pixel the same
+    small = _jpeg(rocket.resize((500, 334)))
+    for seed in range(8):
+        first, second, same_draws = _both_ways(small, transform, seed)
+        assert torch.equal(first, second) and same_draws, seed
+    # 1280x854: boxes of 448 px or more are decoded at 1/2 (not the same pixels), the others whole; every output is
+    # the same crop and flip (a wrong box or a missed flip differs by far more than the DCT scaling's rounding)
+    large = _jpeg(rocket.resize((1280, 854)))
+    reduced = 0
+    for seed in range(8):
+        first, second, same_draws = _both_ways(large, transform, seed)
+        assert same_draws and second.shape == first.shape == (3, 224, 224), seed
+        difference = (first.float() - second.float()).abs().mean().item()
+        assert difference < 4.0, (seed, difference)
+        reduced += difference > 0
+    assert 0 < reduced < 8
+    # a JPEG whose EXIF orientation TorchCodec applies: decoded whole first, as before
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    buffer = io.BytesIO()
+    rocket.resize((1280, 854)).save(buffer, "JPEG", quality=90, exif=exif.tobytes())
+    first, second, same_draws = _both_ways(buffer.getvalue(), transform, 0)
+    assert torch.equal(first, second) and same_draws
 
 
 def test_folder_pipeline_prints_no_deprecation_warning(photos):  # noqa: F811

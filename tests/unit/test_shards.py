@@ -17,9 +17,9 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from PIL import Image
-from torch.utils.data import DistributedSampler
 
 from datamodules.imagenet import ImageNetDataError, ImageNetDataModule
+from datamodules.resumable import ResumableSampler
 from datamodules.shards import Options, ShardDataset, ShardsError, convert, main
 from modules import ImageClassifier
 from tests.conftest import ROOT
@@ -157,13 +157,14 @@ def test_killed_conversion_never_looks_complete_and_a_rerun_finishes(crops, conv
 
 
 def test_every_image_every_epoch_under_a_global_shuffle_and_few_files_opened(converted):
-    # the litdata trap this format avoids: chunk windows per worker that skip the same images every epoch
+    # the litdata trap this format avoids: chunk windows per worker that skip the same images every epoch. The
+    # sampler is the one the app's training loader uses (datamodules.base.ImageDataModule._loader)
     dataset = ShardDataset(converted, "train", transform=lambda image: 0, decoder="gpu")
     epochs = []
     for epoch in range(2):
         seen = []
         for rank in range(2):
-            sampler = DistributedSampler(dataset, num_replicas=2, rank=rank, shuffle=True, seed=0)
+            sampler = ResumableSampler(dataset, num_replicas=2, rank=rank, seed=0)
             sampler.set_epoch(epoch)
             seen += list(sampler)
         assert sorted(seen) == list(range(240))

@@ -24,7 +24,8 @@ from tests.conftest import ROOT
 from tests.unit.test_imagenet import build_photo_imagenet
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
-RUNS = 4  # alternating the launchers; with the suite's other 2-process jobs, tens of clean exits per CI run
+RUNS = 2  # one per launcher; the suite's other 2-process jobs end cleanly too (their exit status is asserted) and
+# tools/exit_soak.sh repeats tens of runs
 
 
 @pytest.fixture(scope="module")

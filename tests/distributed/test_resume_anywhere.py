@@ -4,7 +4,8 @@ augmentations (a digest of each sample's pixels after its crop and flip, recorde
 
 Each scenario has three legs through the app's real CLI (``app.cli.main``): the uninterrupted run; the same run that
 sends itself SIGTERM so that it stops after a mid-epoch global step; and its resume. Single device runs in this
-process; ``ddp`` and ``allreduce`` run in one 2-process gloo job (torchrun), all their legs in one process group.
+process; ``ddp``, every ``allreduce`` variant and ``ddp_mp`` run in one 2-process gloo job (torchrun), all their legs in
+one process group.
 Also here: a mid-epoch checkpoint resumed with another per-device batch is refused in one line, and a checkpoint
 without loader state (an earlier version's) resumes with one warning.
 
@@ -195,6 +196,9 @@ SCENARIOS = {
     "ddp_w2": (["--trainer.strategy", "ddp"], 2),
     "allreduce_w2": (["--trainer.strategy", "allreduce"], 2),
     "allreduce_overlap_w0": (["--trainer.strategy", "allreduce_overlap"], 0),
+    "allreduce_per_param_w0": (["--trainer.strategy", "allreduce_per_param"], 0),
+    "allreduce_fp16_w0": (["--trainer.strategy", "allreduce_fp16"], 0),  # rounded on the wire, the same way again
+    "allreduce_bf16_w0": (["--trainer.strategy", "allreduce_bf16"], 0),
     "ddp_mp_w0": (["--trainer.strategy", "ddp_mp"], 0),  # on CPU every stage is the CPU: its DDP-over-stages path
 }
 

@@ -187,9 +187,9 @@ def main() -> None:
 
     photos = str(build_photo_imagenet(out / "photos"))
     sys.argv = sys.argv[:1]  # the CLI legs parse their own arguments
-    results = run(SINGLE, out / "single", data, photos, 1, [])
-    results.update(without_signal(out / "without_signal", data))
-    results.update(distributed(out / "job", data, app))
+    jobs = distributed(out / "job", data, app)  # first: this process is small while the job runs
+    results = {**run(SINGLE, out / "single", data, photos, 1, []), **without_signal(out / "without_signal", data)}
+    results.update(jobs)
     results["_run"] = {"app": revision(app or str(ROOT))}
     (RESULTS / f"resume_exact_{args.label}.json").write_text(json.dumps(results, indent=1))
     print(json.dumps(results, indent=1))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -182,6 +183,7 @@ def main() -> None:
         return
     data, out = str(Path(args.data).resolve()), Path(args.workdir).resolve() / args.label
     app = str(Path(args.app).resolve()) if args.app else None
+    shutil.rmtree(out, ignore_errors=True)  # the legs read version_0 and append to the sample logs
     use_app(app)
     from tests.unit.test_imagenet import build_photo_imagenet
 

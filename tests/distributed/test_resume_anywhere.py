@@ -14,6 +14,7 @@ Run as a module (``torchrun ... -m tests.distributed.test_resume_anywhere OUT DA
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from pathlib import Path
@@ -63,6 +64,9 @@ def legs(workdir: Path, data: list[str], extra: list[str], ranks: int, stop: int
     """Uninterrupted, stopped by SIGTERM (rank 0 signals itself), resumed: what a user would compare.
 
     ``batches`` per epoch (2 epochs); the stop after global step ``stop``."""
+    # The earlier legs' trainers sit in reference cycles with their models and datasets; the collector's own schedule
+    # (it counts objects, not bytes) let a job of 8 scenarios grow each rank past 5 GB.
+    gc.collect()
     full = fit(workdir / "full", data, extra, batches)
     code = None
     try:

@@ -146,7 +146,8 @@ def table() -> str:
         f"`python -m bench.resume_exact before --app <checkout of {meta[0].get('app', '?')}>`, then `after` "
         f"(at {meta[1].get('app', '?')}), then `--table`. CPU, 2 gloo processes for ddp, allreduce* and ddp_mp. "
         "A SIGTERM after the step, except `every_n_train_steps_w0` (its step-9 save resumed) and "
-        "`max_steps_raised_w0` (`--trainer.max_steps 9`, then `-1` with `--ckpt_path last`).",
+        '`max_steps_raised_w0` (`--trainer.max_steps 9`, then `-1` with `--ckpt_path last`). "saved at step": the '
+        "checkpoint the old app resumed from, where it is not the stop's step.",
         "",
         "| scenario | stop after step | max abs diff before | after | same samples every rank before | after |",
         "|---|---|---|---|---|---|",
@@ -156,7 +157,7 @@ def table() -> str:
         b, a = before.get(name, {"error": "not measured before"}), after[name]
         moved = "saved_step" in b and b["saved_step"] != a.get("saved_step")  # the old app saved elsewhere
         row = [
-            cell(b, "max_diff", notes) + (f" (from step {b['saved_step']})" if moved else ""),
+            cell(b, "max_diff", notes) + (f" (saved at step {b['saved_step']})" if moved else ""),
             cell(a, "max_diff", notes),
         ]
         row += [cell(b, "samples_same_every_rank", notes), cell(a, "samples_same_every_rank", notes)]

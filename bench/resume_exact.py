@@ -1,35 +1,51 @@
-"""Max |difference| of the final weights between an uninterrupted run and the same run stopped by SIGTERM mid-epoch
-and resumed with ``--ckpt_path last``, and whether every rank trained the same samples, per scenario.
+"""Max |difference| of the final weights between an uninterrupted run and the same run stopped mid-epoch and resumed
+with ``--ckpt_path last``, and whether every rank trained the same samples, per scenario.
 
-    python -m bench.resume_exact after             # this checkout -> bench/results/resume_exact_after.json
-    PYTHONPATH=<main checkout>:. python -m bench.resume_exact before --data data   # an older checkout ("before")
-    python -m bench.resume_exact --table           # both -> bench/results/resume_exact.md
+    python -m bench.resume_exact after                          # this checkout -> bench/results/resume_exact_after.json
+    git worktree add --detach ../before OLD_COMMIT
+    python -m bench.resume_exact before --app ../before         # the legs below driving an older checkout's app
+    python -m bench.resume_exact --table                        # both -> bench/results/resume_exact.md
 
-The legs are those of ``tests/distributed/test_resume_anywhere.py`` (real CLI, real signal; ddp/allreduce in one
-2-process gloo torchrun job). ``issue_*``: the issue's scenario, 12 batches per epoch, stopped after global step 17.
+The legs are those of ``tests/distributed/test_resume_anywhere.py`` (real CLI, real signal), every scenario it tests:
+one device in this process, the 2-process ones (its ``SCENARIOS``) in one gloo torchrun job. ``issue_*``: the issue's
+scenario, 12 batches per epoch, stopped after global step 17. ``--app``: ``app``, ``datamodules``, ``modules`` and
+``configs`` come from that checkout; ``bench`` and ``tests`` (the legs, the probe callbacks) from this one.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = RESULTS.parents[1]
 
-# name: (strategy args or None for one device, num_workers, batches per epoch, stop step, ImageNet photos)
+# name: (strategy/trainer args, num_workers, batches per epoch, stop step, ImageNet photos)
 SINGLE = {
-    "issue_single_w2": (None, 2, 12, 17, False),
-    "single_w0": (None, 0, 6, 9, False),
-    "single_w2": (None, 2, 6, 9, False),
-    "imagenet_photos_w2": (None, 2, 6, 9, True),
+    "issue_single_w2": ([], 2, 12, 17, False),
+    "single_w0": ([], 0, 6, 9, False),
+    "single_w2": ([], 2, 6, 9, False),
+    "imagenet_photos_w2": ([], 2, 6, 9, True),
+    "dp_w0": (["--trainer.strategy", "dp"], 0, 6, 9, False),  # its CPU path: one process
+    # the SIGTERM after step 3 lands inside an accumulation: the stop waits for step 4 (epoch 1, batch 1)
+    "accumulate_2_w0": (["--trainer.accumulate_grad_batches", "2"], 0, 6, 4, False),
 }
-DISTRIBUTED = {
-    "issue_ddp_w2": (["--trainer.strategy", "ddp"], 2, 12, 17, False),
-    "ddp_w0": (["--trainer.strategy", "ddp"], 0, 6, 9, False),
-    "allreduce_w2": (["--trainer.strategy", "allreduce"], 2, 6, 9, False),
-}
+ISSUE_DDP = {"issue_ddp_w2": (["--trainer.strategy", "ddp"], 2, 12, 17, False)}
+
+
+def use_app(checkout: str | None) -> None:
+    """Imports ``app``, ``datamodules``, ``modules`` (and reads ``configs``) from ``checkout`` from now on; ``tests``
+    is bound to this checkout first, so its modules keep coming from here."""
+    if checkout:
+        import tests  # noqa: F401
+
+        sys.path.insert(0, checkout)
+        os.chdir(checkout)
 
 
 def run(names: dict, out: Path, data: str, photos: str | None, ranks: int, extra: list[str]) -> dict:
@@ -38,7 +54,11 @@ def run(names: dict, out: Path, data: str, photos: str | None, ranks: int, extra
     results = {}
     for name, (strategy, workers, batches, stop, imagenet) in names.items():
         args = imagenet_args(out, photos, workers) if imagenet else mnist_args(out, data, workers)
-        facts = legs(out / name, args, [*(strategy or []), *extra], ranks=ranks, stop=stop, batches=batches)
+        try:
+            facts = legs(out / name, args, [*strategy, *extra], ranks=ranks, stop=stop, batches=batches)
+        except (Exception, SystemExit) as failed:  # an older app may not run a scenario: say why in the table
+            results[name] = {"error": f"{type(failed).__name__}: {failed}"[:300]}
+            continue
         results[name] = {
             "max_diff": facts["max_diff"],
             "saved_step": facts["saved_step"],
@@ -48,38 +68,112 @@ def run(names: dict, out: Path, data: str, photos: str | None, ranks: int, extra
     return results
 
 
+def without_signal(out: Path, data: str) -> dict:
+    """The two mid-epoch stops that write their checkpoint without a signal, as the test does them: the step-9 save of
+    ``ModelCheckpoint(every_n_train_steps=9)`` resumed, and ``--trainer.max_steps 9`` raised with ``--ckpt_path last``.
+    """
+    import torch
+
+    from tests.distributed.test_resume_anywhere import STOP, fit, max_diff, mnist_args, trail
+
+    args = mnist_args(out, data, 0)
+    every = [
+        "--checkpoint.every_n_train_steps", str(STOP), "--checkpoint.monitor", "null", "--checkpoint.save_top_k", "-1",
+        "--checkpoint.filename", "step{step}",
+    ]  # fmt: skip
+    full = fit(out / "every", args, every)  # also the uninterrupted run of both
+    mid = out / "every" / "version_0" / "checkpoints" / f"step{STOP}.ckpt"
+    resumed = fit(out / "from_every", args, ["--ckpt_path", str(mid)])
+    fit(out / "max_steps", args, ["--trainer.max_steps", str(STOP)])
+    last = out / "max_steps" / "version_0" / "checkpoints" / "last.ckpt"
+    saved = torch.load(last, weights_only=True)["global_step"]
+    raised = fit(out / "max_steps", args, ["--trainer.max_steps", "-1", "--ckpt_path", "last"])
+    weights = full.model.state_dict()
+    return {
+        "every_n_train_steps_w0": {
+            "max_diff": max_diff(weights, resumed.model.state_dict()),
+            "saved_step": torch.load(mid, weights_only=True)["global_step"],
+            "samples_same_every_rank": trail(out / "from_every") == trail(out / "every")[STOP:],
+        },
+        "max_steps_raised_w0": {
+            "max_diff": max_diff(weights, raised.model.state_dict()),
+            "saved_step": saved,
+            "samples_same_every_rank": trail(out / "max_steps") == trail(out / "every"),
+        },
+    }
+
+
 def job(out: Path, data: str) -> None:
+    """One rank of the torchrun job: the issue's ddp scenario, then every 2-process scenario of the test."""
+    use_app(os.environ.get("RESUME_EXACT_APP"))
     import torch.distributed as dist
 
-    results = run(DISTRIBUTED, out, data, None, 2, ["--trainer.devices", "2", "--launch.timeout", "120"])
+    from tests.distributed.test_resume_anywhere import SCENARIOS
+
+    scenarios = {**ISSUE_DDP, **{name: (extra, workers, 6, 9, False) for name, (extra, workers) in SCENARIOS.items()}}
+    results = run(scenarios, out, data, None, 2, ["--trainer.devices", "2", "--launch.timeout", "120"])
     if dist.get_rank() == 0:
         (out / "results.json").write_text(json.dumps(results))
     dist.barrier()
 
 
+def distributed(out: Path, data: str, app: str | None) -> dict:
+    """The torchrun job, started here (not by the app's launcher: an older one would start it in its own checkout)."""
+    out.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RESUME_EXACT_APP": app or ""}
+    job = [*command, "-m", "bench.resume_exact", "--job", str(out), data]
+    subprocess.run(job, cwd=ROOT, env=env, check=True, timeout=3600, stdout=subprocess.DEVNULL)
+    return json.loads((out / "results.json").read_text())
+
+
+def cell(result: dict, key: str, notes: list[str]) -> str:
+    if "error" in result:
+        if result["error"] not in notes:
+            notes.append(result["error"])
+        return f"- [{notes.index(result['error']) + 1}]"
+    value = result.get(key, "-")
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
 def table() -> str:
     before = json.loads((RESULTS / "resume_exact_before.json").read_text())
     after = json.loads((RESULTS / "resume_exact_after.json").read_text())
+    meta = before.pop("_run", {}), after.pop("_run", {})
     lines = [
-        "# Mid-epoch SIGTERM, then `--ckpt_path last`: the resumed run against the uninterrupted one",
+        "# Mid-epoch stop, then `--ckpt_path last`: the resumed run against the uninterrupted one",
         "",
-        "`python -m bench.resume_exact before|after`, then `--table` (CPU, 2 gloo processes for ddp/allreduce).",
+        f"`python -m bench.resume_exact before --app <checkout of {meta[0].get('app', '?')}>`, then `after` "
+        f"(at {meta[1].get('app', '?')}), then `--table`. CPU, 2 gloo processes for ddp, allreduce* and ddp_mp. "
+        "A SIGTERM after the step, except `every_n_train_steps_w0` (its step-9 save resumed) and "
+        '`max_steps_raised_w0` (`--trainer.max_steps 9`, then `-1` with `--ckpt_path last`). "saved at step": the '
+        "checkpoint the old app resumed from, where it is not the stop's step.",
         "",
         "| scenario | stop after step | max abs diff before | after | same samples every rank before | after |",
         "|---|---|---|---|---|---|",
     ]
+    notes: list[str] = []
     for name in after:
-        b, a = before.get(name, {}), after[name]
-        lines.append(
-            f"| {name} | {a['saved_step']} | {b.get('max_diff', '-'):.4g} | {a['max_diff']:.4g} | "
-            f"{b.get('samples_same_every_rank', '-')} | {a['samples_same_every_rank']} |"
-        )
+        b, a = before.get(name, {"error": "not measured before"}), after[name]
+        moved = "saved_step" in b and b["saved_step"] != a.get("saved_step")  # the old app saved elsewhere
+        row = [
+            cell(b, "max_diff", notes) + (f" (saved at step {b['saved_step']})" if moved else ""),
+            cell(a, "max_diff", notes),
+        ]
+        row += [cell(b, "samples_same_every_rank", notes), cell(a, "samples_same_every_rank", notes)]
+        lines.append(f"| {name} | {cell(a, 'saved_step', notes)} | {' | '.join(row)} |")
+    lines += ["", *(f"- [{i}] {note}" for i, note in enumerate(notes, 1))] if notes else []
     return "\n".join(lines) + "\n"
+
+
+def revision(checkout: str) -> str:
+    return subprocess.check_output(["git", "-C", checkout, "rev-parse", "--short", "HEAD"], text=True).strip()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("label", nargs="?", default="after")
+    parser.add_argument("--app", help="an older checkout whose app the legs drive (default: this one)")
     parser.add_argument("--data", default="data")
     parser.add_argument("--workdir", default="/tmp/resume_exact")
     parser.add_argument("--table", action="store_true")
@@ -88,25 +182,18 @@ def main() -> None:
         (RESULTS / "resume_exact.md").write_text(table())
         print(table())
         return
-    from app.launch.torchrun import run_torchrun_job
+    data, out = str(Path(args.data).resolve()), Path(args.workdir).resolve() / args.label
+    app = str(Path(args.app).resolve()) if args.app else None
+    shutil.rmtree(out, ignore_errors=True)  # the legs read version_0 and append to the sample logs
+    use_app(app)
     from tests.unit.test_imagenet import build_photo_imagenet
 
-    out = Path(args.workdir) / args.label
     photos = str(build_photo_imagenet(out / "photos"))
     sys.argv = sys.argv[:1]  # the CLI legs parse their own arguments
-    results = run(SINGLE, out / "single", str(Path(args.data).resolve()), photos, 1, [])
-    job_out = out / "job"
-    job_out.mkdir(parents=True, exist_ok=True)
-    results.update(
-        run_torchrun_job(
-            "bench.resume_exact",
-            ["--job", str(job_out), str(Path(args.data).resolve())],
-            2,
-            job_out / "results.json",
-            "resume_exact",
-            timeout=1800,
-        )  # fmt: skip
-    )
+    jobs = distributed(out / "job", data, app)  # first: this process is small while the job runs
+    results = {**run(SINGLE, out / "single", data, photos, 1, []), **without_signal(out / "without_signal", data)}
+    results.update(jobs)
+    results["_run"] = {"app": revision(app or str(ROOT))}
     (RESULTS / f"resume_exact_{args.label}.json").write_text(json.dumps(results, indent=1))
     print(json.dumps(results, indent=1))
 

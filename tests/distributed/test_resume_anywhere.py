@@ -4,7 +4,8 @@ augmentations (a digest of each sample's pixels after its crop and flip, recorde
 
 Each scenario has three legs through the app's real CLI (``app.cli.main``): the uninterrupted run; the same run that
 sends itself SIGTERM so that it stops after a mid-epoch global step; and its resume. Single device runs in this
-process; ``ddp`` and ``allreduce`` run in one 2-process gloo job (torchrun), all their legs in one process group.
+process; ``ddp``, every ``allreduce`` variant and ``ddp_mp`` run in one 2-process gloo job (torchrun), all their legs in
+one process group.
 Also here: a mid-epoch checkpoint resumed with another per-device batch is refused in one line, and a checkpoint
 without loader state (an earlier version's) resumes with one warning.
 
@@ -13,6 +14,7 @@ Run as a module (``torchrun ... -m tests.distributed.test_resume_anywhere OUT DA
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from pathlib import Path
@@ -62,6 +64,9 @@ def legs(workdir: Path, data: list[str], extra: list[str], ranks: int, stop: int
     """Uninterrupted, stopped by SIGTERM (rank 0 signals itself), resumed: what a user would compare.
 
     ``batches`` per epoch (2 epochs); the stop after global step ``stop``."""
+    # The earlier legs' trainers sit in reference cycles with their models and datasets; the collector's own schedule
+    # (it counts objects, not bytes) let a job of 8 scenarios grow each rank past 5 GB.
+    gc.collect()
     full = fit(workdir / "full", data, extra, batches)
     code = None
     try:
@@ -195,6 +200,9 @@ SCENARIOS = {
     "ddp_w2": (["--trainer.strategy", "ddp"], 2),
     "allreduce_w2": (["--trainer.strategy", "allreduce"], 2),
     "allreduce_overlap_w0": (["--trainer.strategy", "allreduce_overlap"], 0),
+    "allreduce_per_param_w0": (["--trainer.strategy", "allreduce_per_param"], 0),
+    "allreduce_fp16_w0": (["--trainer.strategy", "allreduce_fp16"], 0),  # rounded on the wire, the same way again
+    "allreduce_bf16_w0": (["--trainer.strategy", "allreduce_bf16"], 0),
     "ddp_mp_w0": (["--trainer.strategy", "ddp_mp"], 0),  # on CPU every stage is the CPU: its DDP-over-stages path
 }
 

@@ -145,3 +145,18 @@ def test_training_values_reach_the_logger_only_on_logging_steps(mnist_dir, tmp_p
     header = rows[0].split(",")
     steps = [int(r.split(",")[header.index("step")]) for r in rows[1:] if r.split(",")[header.index("train/loss")]]
     assert steps == [3, 7]
+
+
+def test_an_epoch_of_one_image_still_has_its_epoch_values(mnist_dir, tmp_path):
+    """The epoch values are logged whenever the epoch had an image, also just one (the smallest epoch there is)."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from datamodules.mnist import load_split
+
+    images, labels = load_split(mnist_dir, train=True)
+    trainer = fast_trainer(tmp_path, limit_train_batches=1.0, limit_val_batches=0, log_every_n_steps=1)
+    model = ImageClassifier(arch="mnist_cnn")
+    trainer.fit(model, train_dataloaders=DataLoader(TensorDataset(images[:1], labels[:1]), batch_size=1))
+    metrics = trainer.callback_metrics
+    assert float(metrics["train/loss_epoch"]) == pytest.approx(float(metrics["train/loss"]), rel=1e-6)
+    assert float(metrics["train/acc5_epoch"]) == float(metrics["train/acc5"])

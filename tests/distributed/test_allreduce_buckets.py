@@ -3,7 +3,7 @@ process and a fork of it: ``tests.distributed.two_ranks``).
 
 Every variant (one call per parameter, buckets, one bucket, overlap hooks, fp16 and bf16 on the wire) runs two
 optimizer steps of two micro-batches each: the first backward accumulates only, the second is the armed one that
-averages. The ranks' gradients differ. Buckets hold at most 16 float32 values: one bucket is exactly full, one
+averages. The ranks' gradients differ. Buckets hold at most 16 float32 values: two buckets are exactly full, one
 parameter is bigger than a bucket, one gets no gradient on any rank in step 0 and one only on rank 1, and one is
 frozen. Each rank must end with exactly the average this test computes from both ranks' gradients (fp32: the exact
 mean; fp16/bf16: the halves rounded to the wire dtype, summed there), and ``None`` where no rank had a gradient; the
@@ -21,11 +21,11 @@ from app.strategies import AllReduceStrategy
 from tests.distributed.two_ranks import WORLD, two_ranks
 
 pytestmark = pytest.mark.distributed  # a real 2-process gloo group (about a second)
-SIZES = [5, 2, 40, 3, 6, 5, 4, 7]  # values per parameter
+SIZES = [5, 2, 40, 10, 6, 5, 4, 7]  # values per parameter
 CAP_MB = 64 / 2**20  # 64 bytes: 16 float32 values
 NO_GRAD, RANK1_ONLY = 3, 4  # in step 0: the parameter no rank has a gradient for, the one only rank 1 has
-# the buckets (values per parameter), last parameters first: one exactly at the cap, one parameter over it alone
-LAYOUTS = {0: [[n] for n in reversed(SIZES)], CAP_MB: [[7, 4, 5], [6, 3], [40], [2, 5]], 1.0: [SIZES[::-1]]}
+# the buckets (values per parameter), last parameters first: two exactly at the cap, one parameter over it alone
+LAYOUTS = {0: [[n] for n in reversed(SIZES)], CAP_MB: [[7, 4, 5], [6, 10], [40], [2, 5]], 1.0: [SIZES[::-1]]}
 WIRE = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 VARIANTS = {  # the registered variants' arguments, with the small bucket cap
     "allreduce_per_param": {"bucket_cap_mb": 0},

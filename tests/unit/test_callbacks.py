@@ -298,3 +298,18 @@ def test_the_stop_says_whether_a_weights_only_save_followed_a_nonfinite_loss(
         trainer.fit(per_step_model(), mnist(mnist_dir))
     assert said in str(err.value)
     assert trainer.global_step == nan_from + 3  # stopped at the third NaN loss
+
+
+def test_overflows_are_counted_per_optimizer_step_with_gradient_accumulation(mnist_dir, tmp_path):
+    """Two micro-batches per step: the loss scale is compared around optimizer steps only (a micro-batch that only
+    accumulates has no "before"), and the inf in the second step's second micro-batch skips that one step."""
+    amp = AMPHealth()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    trainer = trainer_for(
+        tmp_path, [InfInGradient({3}), amp], plugins=[MixedPrecision("16-mixed", "cpu", scaler)],
+        accumulate_grad_batches=2,
+    )  # fmt: skip
+    trainer.fit(per_step_model(), mnist(mnist_dir))
+    assert trainer.global_step == 3 and amp.skipped_steps == 1
+    message = "Gradient overflow at step 2. Skipping step, loss scaler reducing loss scale to 512"
+    assert amp.overflow_messages == [message]  # the second step (batches 2 and 3)

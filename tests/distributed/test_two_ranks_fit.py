@@ -4,7 +4,8 @@
 - the classifier's epoch values are over every image of both ranks when rank 1's last batches are short (one
   all-reduce of sums; the mean of the ranks' means differs);
 - the per-step agreement: a flag raised on rank 1 alone is seen by both ranks at the end of that batch, once
-  (``tests/distributed/test_agree.py`` checks the same on ``ddp_spawn``, in ~17 s);
+  (``tests/distributed/test_agree.py`` checks the same on ``ddp_spawn``, in ~17 s), and a watch that begins during a
+  batch is answered False there and from the next batch's reduction on;
 - AMPHealth stops every rank at the step where one rank reached the limit of non-finite losses (any rank, not all).
 """
 
@@ -27,6 +28,7 @@ from tests.distributed.two_ranks import two_ranks
 
 pytestmark = pytest.mark.distributed
 NAN_FROM, LIMIT = 1, 2  # rank 1's losses are NaN from this batch on; AMPHealth stops at this many in a row
+LATE = 2  # the batch at whose end LateWatcher starts watching
 
 
 class ThisRank(LightningEnvironment):
@@ -102,11 +104,36 @@ def test_the_epoch_values_are_over_every_image_of_both_ranks(mnist_dir, tmp_path
         assert rank["epoch"]["train/acc5_epoch"] == pytest.approx(sum(h[1] for h in hits) / images, rel=1e-6)
 
 
+class LateWatcher(Callback):
+    """The only watcher, and it starts watching at the end of batch ``LATE``: until then no reduction runs, and the
+    flag (true on rank 1) is not known at that batch's end; the next batch's reduction carries it."""
+
+    def __init__(self) -> None:
+        self.answers: list[bool] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        agree.start(trainer)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if batch_idx == LATE:
+            agree.watch(trainer, "late", lambda: trainer.global_rank == 1)
+        self.answers.append(agree.any_rank(trainer, "late"))
+
+    def on_train_end(self, trainer, pl_module):
+        agree.unwatch(trainer, "late")
+
+
 def _answers(rank: int, out: Path, mnist: Path) -> dict:
     watchers = [Watcher("sigterm", out), Watcher("requeue", out)]
     trainer = _trainer(rank, out, watchers)
     _fit(trainer, mnist)
-    return {"answers": {w.name: w.answers for w in watchers}, "pending": agree.agreement(trainer).pending}
+    late = LateWatcher()
+    _fit(_trainer(rank, out, [late]), mnist)
+    return {
+        "answers": {w.name: w.answers for w in watchers},
+        "pending": agree.agreement(trainer).pending,
+        "late": late.answers,
+    }
 
 
 def test_a_flag_of_rank_1_is_seen_by_both_ranks_at_the_end_of_that_batch_only(mnist_dir, tmp_path):
@@ -116,6 +143,8 @@ def test_a_flag_of_rank_1_is_seen_by_both_ranks_at_the_end_of_that_batch_only(mn
         for rank, facts in enumerate(ranks):
             assert facts["answers"][name] == [batch == at for batch in range(BATCHES)], (name, rank, facts)
     assert all(facts["pending"] is None for facts in ranks)  # no reduction left running after the last watcher
+    for facts in ranks:  # False (not None) while nothing is watched or agreed yet, True once a batch carried it
+        assert facts["late"] == [False] * (LATE + 1) + [True] * (BATCHES - LATE - 1), facts["late"]
 
 
 def _stop(rank: int, mnist: Path, out: Path) -> dict:

@@ -86,6 +86,8 @@ def test_training_metrics_per_logging_step_and_over_the_epoch(mnist_dir, tmp_pat
         assert float(metrics[f"{key}_epoch"]) == pytest.approx(mean, rel=1e-5), key
     assert all(step["train/acc5"] >= step["train/acc1"] for step in record.steps)
     assert metrics["train/acc5_epoch"] > metrics["train/acc1_epoch"]
+    shown = set(trainer.progress_bar_metrics)  # the progress bar shows the loss and top-1, not top-5
+    assert {"train/loss", "train/acc1"} <= shown and "train/acc5" not in shown
 
 
 def test_the_epoch_loss_weighs_every_batch_by_its_images_logged_or_not(mnist_dir, tmp_path):

@@ -54,7 +54,7 @@ update-pins:
 sabotage: venv
 	PYTHON=$(BIN)/python bash tests/sabotage/run.sh $(SABOTAGE)
 
-# Mutation testing (not part of `make test`; CPU-heavy): tools/mutation.sh, MUTATION_SCOPE="checkpoint amp agree classifier".
+# Mutation testing (not part of `make test`; CPU-heavy): tools/mutation.sh, MUTATION_SCOPE="checkpoint amp agree classifier allreduce".
 mutation: venv
 	BIN=$(BIN) MUTATION_SCOPE="$(MUTATION_SCOPE)" bash tools/mutation.sh
 

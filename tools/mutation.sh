@@ -2,16 +2,17 @@
 # `make mutation`: mutmut (pinned in constraints.txt, the dev extra) over the functions whose numbers users trust, each
 # mutant run against the fast unit tests that cover it (setup.cfg's [mutmut] section lists them). CPU-heavy: not part
 # of `make test`. Prints mutmut's results (killed, survived, no tests, timeout); `mutmut show NAME` shows a mutant.
-# MUTATION_SCOPE="checkpoint amp agree classifier" picks the groups (default: checkpoint). The figures of the last run,
-# with the reasons the survivors survive: bench/results/mutation.md. The allreduce bucket averaging is not a group: its
-# only tests are 2-process jobs (the parity job, ~2 min), too slow to run once per mutant here.
+# MUTATION_SCOPE="checkpoint amp agree classifier allreduce" picks the groups (default: checkpoint). The figures of
+# the last run, with the reasons the survivors survive: bench/results/mutation.md. The 2-process tests among them run
+# rank 0 in pytest's own process (tests/distributed/two_ranks.py): mutmut maps and times tests in its process only.
 set -u
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin}
 declare -A FUNCTIONS=(
-    [checkpoint]="app.checkpoint.x_find_last_checkpoint__mutmut_* app.checkpoint.x_hpc_checkpoint__mutmut_* app.checkpoint.x_resolve_last__mutmut_*"
+    [checkpoint]="app.run_dir.x_last_checkpoints__mutmut_* app.run_dir.x_find_last_checkpoint__mutmut_* app.run_dir.x_hpc_checkpoint__mutmut_* app.checkpoint.x_resolve_last__mutmut_*"
     [amp]="app.callbacks.amp.xǁAMPHealthǁon_train_batch_end__mutmut_* app.callbacks.amp.xǁAMPHealthǁ_check__mutmut_*"
     [classifier]="modules.classifier.xǁImageClassifierǁ_log_train_step__mutmut_* modules.classifier.xǁImageClassifierǁon_train_epoch_end__mutmut_*"
+    [allreduce]="app.strategies.allreduce.xǁAllReduceStrategyǁconfigure_ddp__mutmut_* app.strategies.allreduce.xǁAllReduceStrategyǁ_make_buckets__mutmut_* app.strategies.allreduce.xǁAllReduceStrategyǁ_on_grad_ready__mutmut_* app.strategies.allreduce.xǁAllReduceStrategyǁ_launch__mutmut_* app.strategies.allreduce.xǁAllReduceStrategyǁaverage_gradients__mutmut_* app.strategies.allreduce.xǁAllReduceStrategyǁsync_buffers__mutmut_*"
     [agree]="app.callbacks.agree.xǁAgreementǁstart__mutmut_* app.callbacks.agree.xǁAgreementǁany_rank__mutmut_* app.callbacks.agree.xǁAgreementǁwait__mutmut_*"
 )
 scopes=${MUTATION_SCOPE:-checkpoint}

@@ -260,3 +260,56 @@ def test_nonfinite_run_between_logging_steps_stops_before_the_next_checkpoint(mn
         trainer.fit(per_step_model(), mnist(mnist_dir))
     assert "not finite for 4 consecutive steps (steps 3..6" in str(err.value)
     assert trainer.global_step == 6 and not list((tmp_path / "ckpt").glob("*.ckpt"))
+
+
+class NaNFrom(Callback):
+    """From batch ``start`` on the loss is NaN: its NaN gradient makes the fp32 weights NaN, so every later loss is."""
+
+    def __init__(self, start: int) -> None:
+        self.start = start
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if batch_idx == self.start:
+            batch[0].fill_(float("nan"))
+
+
+@pytest.mark.parametrize(
+    ("nan_from", "every", "said"),
+    [
+        # saves at steps 2 and 4; the loss of step 4 (batch 3) is the first NaN: the save at step 4 holds NaN weights
+        (3, 2, "a checkpoint may have been saved at step 4, just after a non-finite loss"),
+        # a save at step 4 before the NaN losses (steps 5..7), none after: the last checkpoint is untouched
+        (4, 4, "Training was stopped before saving NaN weights; the last checkpoint is untouched"),
+    ],
+)
+def test_the_stop_says_whether_a_weights_only_save_followed_a_nonfinite_loss(
+    mnist_dir, tmp_path, nan_from, every, said
+):
+    """A weights-only ModelCheckpoint (Lightning calls no on_save_checkpoint for it) saving below the limit: the stop's
+    message names the save that came just after a non-finite loss, and only such a save."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    saves = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=every, save_top_k=-1, save_weights_only=True)
+    trainer = trainer_for(
+        tmp_path, [NaNFrom(nan_from), AMPHealth(max_nonfinite_steps=3), saves], enable_checkpointing=True,
+        limit_train_batches=10,
+    )  # fmt: skip
+    with pytest.raises(NonFiniteLossError) as err:
+        trainer.fit(per_step_model(), mnist(mnist_dir))
+    assert said in str(err.value)
+    assert trainer.global_step == nan_from + 3  # stopped at the third NaN loss
+
+
+def test_overflows_are_counted_per_optimizer_step_with_gradient_accumulation(mnist_dir, tmp_path):
+    """Two micro-batches per step: the loss scale is compared around optimizer steps only (a micro-batch that only
+    accumulates has no "before"), and the inf in the second step's second micro-batch skips that one step."""
+    amp = AMPHealth()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    trainer = trainer_for(
+        tmp_path, [InfInGradient({3}), amp], plugins=[MixedPrecision("16-mixed", "cpu", scaler)],
+        accumulate_grad_batches=2,
+    )  # fmt: skip
+    trainer.fit(per_step_model(), mnist(mnist_dir))
+    assert trainer.global_step == 3 and amp.skipped_steps == 1
+    message = "Gradient overflow at step 2. Skipping step, loss scaler reducing loss scale to 512"
+    assert amp.overflow_messages == [message]  # the second step (batches 2 and 3)

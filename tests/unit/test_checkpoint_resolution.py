@@ -3,6 +3,7 @@ mutation run checks: ``make mutation``)."""
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -66,3 +67,34 @@ def test_last_without_a_checkpoint_starts_fit_from_scratch_and_stops_the_others(
         "(runs with --trainer.logger false). Train first with "
         "`python cli.py fit` (same --trainer.default_root_dir), or pass --ckpt_path FILE."
     )
+
+
+def test_last_searches_the_checkpoint_dirpath_too_and_names_every_folder_it_searched(tmp_path, caplog):
+    """With --checkpoint.dirpath, "last" is also looked for there; each outcome's line names the folders searched."""
+    caplog.set_level(logging.INFO, logger="lightning.pytorch")
+    root, elsewhere = tmp_path / "runs", tmp_path / "elsewhere"
+    searched = (
+        f"{root}/version_*/checkpoints/ or {root}/checkpoints/ (runs with --trainer.logger false) or {elsewhere}/ "
+        "(--checkpoint.dirpath)"
+    )
+
+    def cfg() -> Namespace:
+        return Namespace(
+            ckpt_path="last",
+            trainer=Namespace(default_root_dir=str(root)),
+            checkpoint=Namespace(dirpath=str(elsewhere)),
+        )
+
+    fresh = cfg()
+    assert resolve_last(fresh, "fit") is None and fresh.ckpt_path is None
+    assert f"--ckpt_path last: no last.ckpt in {searched} yet; starting from scratch." in caplog.messages
+    with pytest.raises(SystemExit) as stop:
+        resolve_last(cfg(), "validate")
+    assert str(stop.value.code).startswith(f"error: --ckpt_path last: no checkpoint found in {searched}. ")
+    in_run = touch(root / "version_0" / "checkpoints" / "last.ckpt", 1_000)
+    newer = touch(elsewhere / "last.ckpt", 2_000)
+    found = cfg()
+    assert resolve_last(found, "fit") == newer and found.ckpt_path == str(newer)
+    assert f"--ckpt_path last resolved to {newer}" in caplog.messages
+    os.utime(in_run, (3_000, 3_000))  # the run folder's is the newest now: the dirpath adds a place, it replaces none
+    assert resolve_last(cfg(), "fit") == in_run

@@ -86,6 +86,8 @@ def test_training_metrics_per_logging_step_and_over_the_epoch(mnist_dir, tmp_pat
         assert float(metrics[f"{key}_epoch"]) == pytest.approx(mean, rel=1e-5), key
     assert all(step["train/acc5"] >= step["train/acc1"] for step in record.steps)
     assert metrics["train/acc5_epoch"] > metrics["train/acc1_epoch"]
+    shown = set(trainer.progress_bar_metrics)  # the progress bar shows the loss and top-1, not top-5
+    assert {"train/loss", "train/acc1"} <= shown and "train/acc5" not in shown
 
 
 def test_the_epoch_loss_weighs_every_batch_by_its_images_logged_or_not(mnist_dir, tmp_path):
@@ -145,3 +147,18 @@ def test_training_values_reach_the_logger_only_on_logging_steps(mnist_dir, tmp_p
     header = rows[0].split(",")
     steps = [int(r.split(",")[header.index("step")]) for r in rows[1:] if r.split(",")[header.index("train/loss")]]
     assert steps == [3, 7]
+
+
+def test_an_epoch_of_one_image_still_has_its_epoch_values(mnist_dir, tmp_path):
+    """The epoch values are logged whenever the epoch had an image, also just one (the smallest epoch there is)."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from datamodules.mnist import load_split
+
+    images, labels = load_split(mnist_dir, train=True)
+    trainer = fast_trainer(tmp_path, limit_train_batches=1.0, limit_val_batches=0, log_every_n_steps=1)
+    model = ImageClassifier(arch="mnist_cnn")
+    trainer.fit(model, train_dataloaders=DataLoader(TensorDataset(images[:1], labels[:1]), batch_size=1))
+    metrics = trainer.callback_metrics
+    assert float(metrics["train/loss_epoch"]) == pytest.approx(float(metrics["train/loss"]), rel=1e-6)
+    assert float(metrics["train/acc5_epoch"]) == float(metrics["train/acc5"])

@@ -7,7 +7,7 @@ across ranks when they are computed, so accuracies are exact for any world size.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -153,6 +153,33 @@ class ImageClassifier(LightningModule):
 
     def on_train_epoch_start(self) -> None:
         self._reset_train_sums(self.device)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """The running epoch's training sums, over every rank, so that ``train/*_epoch`` of an epoch resumed
+        mid-way averages all its batches, not only those after the resume. A collective: Lightning builds the
+        checkpoint on every rank (only rank 0 writes it), as :class:`app.callbacks.RNGState`'s gather relies on too.
+        Not in a weights-only save, which nothing resumes from."""
+        if "optimizer_states" not in checkpoint or self._trainer is None:
+            return
+        dtype = self._train_loss.dtype
+        images = self._train_loss.new_tensor([self._train_images])
+        sums = torch.cat([self._train_loss.view(1), self._train_hits.to(dtype), images])
+        sums = self.trainer.strategy.reduce(sums.to(self.device), reduce_op="sum")
+        checkpoint["train_epoch_sums"] = {"epoch": self.trainer.current_epoch, "sums": sums.cpu()}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """A run resumed mid-epoch carries on with the epoch's sums so far: rank 0 with every rank's (saved summed
+        over the ranks), the others from zero. (Lightning does not call ``on_train_epoch_start`` for the epoch it
+        resumes in; an epoch that starts after the resume resets them there.)"""
+        saved = checkpoint.get("train_epoch_sums")
+        if saved is None or self._trainer is None:
+            return
+        self._reset_train_sums()
+        if self.trainer.global_rank == 0:
+            sums = saved["sums"]
+            self._train_loss += sums[0].to(self._train_loss.dtype)
+            self._train_hits += sums[1:-1].round().to(self._train_hits.dtype)
+            self._train_images = int(sums[-1].item())
 
     def _reset_train_sums(self, device: torch.device | str = "cpu") -> None:
         # this epoch: the summed loss x images, the top-1..top-k hit counts, the images (on the host)

@@ -29,6 +29,9 @@ PROBE, SIGNAL = "tests.resume_probe.SampleLog", "tests.resume_probe.SignalAt"
 STOP = 9  # 2 epochs x 6 batches: global step 9 is epoch 1, batch 3
 
 
+EPOCH_VALUES = ("train/loss_epoch", "train/acc1_epoch", "train/acc5_epoch")
+
+
 def mnist_args(root: Path, data_dir: str, workers: int) -> list[str]:
     return [
         "--data.data_dir", data_dir, "--data.batch_size", "8", "--data.num_workers", str(workers),
@@ -97,6 +100,11 @@ def legs(workdir: Path, data: list[str], extra: list[str], ranks: int, stop: int
         "loader_state": saved["loops"]["fit_loop"]["state_dict"].get("combined_loader"),
         "steps": [full.trainer.global_step, resumed.trainer.global_step],
         "max_diff": max_diff(full.model.state_dict(), resumed.model.state_dict()),
+        # the last epoch's training values (the interrupted epoch, in check's scenarios), as logged
+        "epoch_values": [
+            {k: float(run.trainer.callback_metrics[k]) for k in EPOCH_VALUES if k in run.trainer.callback_metrics}
+            for run in (full, resumed)
+        ],
         "samples": samples,
         "stopped_ckpt": str(kept),
     }
@@ -110,6 +118,10 @@ def check(facts: dict, stop: int = STOP, steps: int = 12, batches: int = 12) -> 
         assert seen["trained"] == seen["recorded"] == batches, (rank, facts)  # stopped + resumed: each batch once
         assert seen["same"] and seen["epoch1_repeats"] == 0, (rank, facts)
     assert facts["max_diff"] == 0.0, f"resumed run differs from the uninterrupted one: {facts}"
+    # the interrupted epoch's train/*_epoch: over all its batches, not only those after the resume (the sums over the
+    # ranks are added in another order after a 2-process resume, and logged as float32: equal to its rounding)
+    full, resumed = facts["epoch_values"]
+    assert set(full) == set(EPOCH_VALUES) and resumed == pytest.approx(full, rel=1e-6, abs=0), facts["epoch_values"]
 
 
 @pytest.mark.slow

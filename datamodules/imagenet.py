@@ -24,7 +24,6 @@ from typing import Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
-from PIL import Image
 from torch.utils.data import DataLoader, Dataset, default_collate
 from torchvision.datasets import ImageFolder
 from torchvision.transforms import v2
@@ -52,11 +51,6 @@ TRAIN_SIZE, VAL_SIZE, NUM_CLASSES = 1_281_167, 50_000, 1000
 
 class ImageNetDataError(UserError, RuntimeError):
     """The data folder is missing or not in the expected layout; the message says what to do."""
-
-
-def load_image(path: str, decoder: Decoder = "cpu", min_side: int | None = None) -> torch.Tensor | Image.Image:
-    """An image file as RGB pixels: a uint8 [3, H, W] tensor or a PIL image (:func:`datamodules.decode.decode`)."""
-    return decode(read(path), decoder, min_side)
 
 
 class ImageFolderChecked(ImageFolder):

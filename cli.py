@@ -1,9 +1,11 @@
 """Train, validate, test or predict: ``python cli.py fit [--config configs/mnist.yaml] [--config ...]``."""
 
 from app.cli import main
+from app.errors import exit_line_in_one_write
 from app.launch.group import process_group_ended
 
 if __name__ == "__main__":
-    # every rank ends its process group before Python finalizes, or a gloo thread can abort the exit (app/launch/group)
-    with process_group_ended():
+    # every rank ends its process group before Python finalizes, or a gloo thread can abort the exit (app/launch/group);
+    # every rank's last line reaches the job's shared stderr in one write, never run into another rank's
+    with exit_line_in_one_write(), process_group_ended():
         main()

@@ -44,7 +44,7 @@ from app.checkpoint import (
     saved_hparams,
     weights_from_checkpoint,
 )
-from app.errors import UsageError, UserError, explain_parser_error, linked, one_line, parser_options
+from app.errors import UsageError, UserError, explain_parser_error, linked, one_line, parser_options, say
 from app.launch.env import detect, split_local_rank
 from app.launch.preflight import preflight
 from app.launch.rendezvous import apply_timeout, join_this_attempt, rendezvous_errors_explained
@@ -296,7 +296,7 @@ def user_errors_explained() -> Iterator[None]:
     try:
         yield
     except UserError as err:  # the datamodules' and the zoo's errors are UserErrors too
-        print(linked(f"error: {one_line(err)}"), file=sys.stderr, flush=True)
+        say(linked(f"error: {one_line(err)}"))
         raise SystemExit(getattr(err, "exit_code", 1)) from None
     except SystemExit as err:  # PreflightError, CheckpointError, LostRankError...: the message is the exit code
         if isinstance(err.code, str) and err.code.startswith("error: "):

@@ -10,10 +10,12 @@ subtypes) and never suggest the option the user meant.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import os
 import re
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Iterator
 
 
 class UserError(Exception):
@@ -189,3 +191,37 @@ def linked(text: str) -> str:
     return "\n".join(
         with_link(ln, "preflight") if ln.startswith(("error: ", "  - ")) else ln for ln in text.split("\n")
     )
+
+
+def say(text: str) -> None:
+    """``text`` and its newline on stderr in one write.
+
+    Every rank of a job prints its ``error:`` line to the same stderr (the launcher's terminal, SLURM's output file)
+    at about the same moment. ``print`` and Python's own report of a ``SystemExit`` write the text and the newline
+    separately, so two ranks' lines could run into one (``...#disk-fullerror: ...``); one write of at most PIPE_BUF
+    (4 KiB) bytes to a pipe is never interleaved with another's.
+    """
+    sys.stderr.flush()
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # an in-memory stream (pytest's capsys): nothing shares it
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+        return
+    data = (text + "\n").encode(sys.stderr.encoding or "utf-8", errors="replace")
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+@contextlib.contextmanager
+def exit_line_in_one_write() -> Iterator[None]:
+    """A ``SystemExit`` that carries its message (``error: ...``) ends the process as Python would (the message on
+    stderr, status 1), but written with :func:`say`. For the command only: ``app.cli.main`` itself keeps raising it
+    with the message, which is what in-process callers (the tests) read."""
+    try:
+        yield
+    except SystemExit as err:
+        if not isinstance(err.code, str):
+            raise
+        say(err.code)
+        raise SystemExit(1) from None

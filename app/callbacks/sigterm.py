@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
 
 from lightning.pytorch import Callback, LightningModule, Trainer
@@ -13,6 +12,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from app.callbacks import agree
+from app.errors import say
 from app.run_dir import last_checkpoint_of
 
 EXIT_CODE = 128 + signal.SIGTERM  # 143: what a shell reports for a process ended by SIGTERM
@@ -23,8 +23,7 @@ def _say(trainer: Trainer | None, message: str) -> None:
     """One line on this rank's stderr, with the rank when there are several (a Ctrl-C reaches every rank)."""
     world = trainer.world_size if trainer is not None else 1
     rank = f"[rank {trainer.global_rank}] " if trainer is not None and world > 1 else ""
-    sys.stderr.write(f"{rank}{message}\n")
-    sys.stderr.flush()
+    say(f"{rank}{message}")
 
 
 class SIGTERMCheckpoint(Callback):

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from lightning.pytorch import Callback
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -19,8 +18,9 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from app.sync_batchnorm import CPUSyncBatchNorm
 from modules.zoo.mnist_fast import mnist_fast
 from tests.conftest import run_cli
+from tests.distributed.two_ranks import two_ranks
 
-pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # spawns processes with a real gloo group
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # real gloo groups of 2 processes; the CLI fits below
 SHARDS = {1: [8], 2: [3, 5]}  # images per rank
 CHANNELS, TOL = 4, 1e-9  # float64: the formulas, not rounding, are compared
 
@@ -62,21 +62,25 @@ def _step(layer: nn.Module, x: torch.Tensor, dy: torch.Tensor, steps: int = 2) -
     }
 
 
-def _rank(rank: int, world: int, momentum: float | None, store: str, out: str) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    try:
+def _run(world: int, momentum: float | None, tmp_path: Path) -> list[dict[str, torch.Tensor]]:
+    """Each rank's step on its shard, in a real gloo group of ``world`` processes (2: this one and a fork of it)."""
+
+    def step_on_shard(rank: int) -> dict[str, torch.Tensor]:
         bn, x, dy = _data(momentum)
         layer = (_AlwaysSynced if world == 1 else CPUSyncBatchNorm).convert(bn)
         start = sum(SHARDS[world][:rank])
         shard = slice(start, start + SHARDS[world][rank])
-        torch.save(_step(layer, x[shard], dy[shard]), f"{out}/rank{rank}.pt")
+        return _step(layer, x[shard], dy[shard])
+
+    if world == 2:
+        return two_ranks(step_on_shard, tmp_path)
+    if dist.is_initialized():  # a one-process group an earlier in-process fit left
+        dist.destroy_process_group()
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        return [step_on_shard(0)]
     finally:
         dist.destroy_process_group()
-
-
-def _run(world: int, momentum: float | None, tmp_path: Path) -> list[dict[str, torch.Tensor]]:
-    mp.spawn(_rank, args=(world, momentum, str(tmp_path / "store"), str(tmp_path)), nprocs=world, join=True)
-    return [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
 
 
 @pytest.mark.parametrize("momentum", [0.1, None])  # None: cumulative moving average

@@ -1,6 +1,7 @@
 """The classic tutorials as configs: ``configs/tutorial_mnist.yaml`` (the PyTorch distributed tutorial's synchronous
 SGD) and ``configs/imagenet_apex.yaml`` (NVIDIA Apex's ImageNet example), each resolved by the real CLI
-(``--print_config``) and run for a few steps as a user would (the tutorial on 2 gloo processes)."""
+(``--print_config``, in this process: ``tests/e2e/test_cli_paths.py`` runs it as a command) and run for a few steps
+as a user would (the tutorial on 2 gloo processes)."""
 
 from __future__ import annotations
 
@@ -9,19 +10,20 @@ import re
 import pytest
 import yaml
 
-from tests.conftest import run_cli
+from app.cli import main
+from tests.conftest import ROOT, run_cli
 from tests.wandb_reader import tensorboard_scalars
 
 
-def resolved(config: str) -> dict:
-    result = run_cli("fit", "--config", config, "--print_config")
-    assert result.returncode == 0, result.stderr[-2000:]
-    return yaml.safe_load(result.stdout)
+def resolved(config: str, capsys: pytest.CaptureFixture) -> dict:
+    with pytest.raises(SystemExit) as printed:  # jsonargparse prints the configuration and exits 0
+        main(["fit", "--config", str(ROOT / config), "--print_config"])
+    assert printed.value.code in (0, None), capsys.readouterr().err[-2000:]
+    return yaml.safe_load(capsys.readouterr().out)
 
 
-@pytest.mark.slow  # a real cli.py run of several seconds: out of the fast tier
-def test_tutorial_mnist_resolves_to_the_tutorial_recipe():
-    config = resolved("configs/tutorial_mnist.yaml")
+def test_tutorial_mnist_resolves_to_the_tutorial_recipe(capsys):
+    config = resolved("configs/tutorial_mnist.yaml", capsys)
     trainer, model, data = config["trainer"], config["model"], config["data"]
     assert trainer["strategy"] == "allreduce_per_param"  # average_gradients: one all_reduce per parameter
     assert (trainer["accelerator"], trainer["devices"], trainer["max_epochs"]) == ("cpu", 2, 10)
@@ -36,9 +38,8 @@ def test_tutorial_mnist_resolves_to_the_tutorial_recipe():
     assert data["class_path"] == "datamodules.MNISTDataModule" and data["init_args"]["global_batch_size"] == 128
 
 
-@pytest.mark.slow  # a real cli.py run of several seconds: out of the fast tier
-def test_imagenet_apex_resolves_to_the_apex_recipe():
-    config = resolved("configs/imagenet_apex.yaml")
+def test_imagenet_apex_resolves_to_the_apex_recipe(capsys):
+    config = resolved("configs/imagenet_apex.yaml", capsys)
     trainer, model, data = config["trainer"], config["model"], config["data"]["init_args"]
     assert (trainer["precision"], trainer["benchmark"], trainer["max_epochs"]) == ("16-mixed", True, 90)
     assert model["arch"] == "resnet50" and model["channels_last"] is True

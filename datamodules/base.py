@@ -14,7 +14,9 @@ every image is evaluated exactly once and the metric sums are exact.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -28,6 +30,33 @@ from app.launch.env import Launch, detect
 from datamodules.resumable import ResumableLoader, ResumableSampler, SeededDataset, ignore_sigint
 
 Workers = int | Literal["auto"]  # --data.num_workers 4, or auto (see auto_workers)
+
+# What a forkserver imports once, so that each loader worker forked from it starts in milliseconds: the datasets'
+# modules and what unpickling them needs (without them every worker imports torch itself, seconds each)
+FORKSERVER_PRELOAD = [
+    "torch", "torchvision", "PIL.Image", "datamodules.imagenet", "datamodules.mnist", "datamodules.shards",
+]  # fmt: skip
+
+
+def worker_context(world_size: int) -> Any:
+    """How loader workers start: None (PyTorch's default, ``fork``) or the ``forkserver`` context.
+
+    CPython before 3.12 (3.11.10 carries the backport) can leave a forked child waiting forever, inside ``os.fork``,
+    on the interpreter's thread-state lock when another thread of the parent held it at that instant (gh-112275,
+    ``_PyThreadState_DeleteExcept`` in ``PyOS_AfterFork_Child``). A process of a multi-process job always has other
+    threads (gloo's or NCCL's, the hang watch, the logger's writer). On Python 3.11.7 a 2-process job of three fits
+    with loader workers had a worker stuck that way in 2 of about 100 runs here, and once in CI (never seen with one
+    process): its rank waited for the worker's first batch, the other rank's collective timed out, and the job ended
+    as "lost rank". There the workers start from a forkserver instead: a process started by exec, with no thread of
+    the job in it, forks each worker (the start method Python 3.14 makes the default). Single-process runs, and
+    Python 3.12 and later, fork as PyTorch does. A forkserver worker cannot unpickle a dataset class defined in the
+    ``__main__`` script: define it in a module.
+    """
+    if world_size < 2 or sys.version_info >= (3, 12) or sys.platform != "linux":
+        return None
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(FORKSERVER_PRELOAD)  # read when the server starts (once per process)
+    return context
 
 
 @dataclass(frozen=True)
@@ -244,6 +273,9 @@ class ImageDataModule(LightningDataModule):
             persistent_workers=self.num_workers > 0,
             pin_memory=torch.cuda.is_available(),
             worker_init_fn=ignore_sigint if self.num_workers > 0 else None,  # Ctrl-C: the workers stay (resumable.py)
+            multiprocessing_context=worker_context(self.trainer.world_size if self.trainer else 1)
+            if self.num_workers > 0
+            else None,
             **kwargs,
         )
         if not train:

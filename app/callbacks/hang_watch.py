@@ -372,16 +372,23 @@ class _Watchdog(threading.Thread):
 
 
 def _kill_local_children() -> None:
-    """Every child of this process (under Lightning's own launcher rank 0 started the other local ranks; the loader
-    workers): none outlives it. Read from Linux's ``/proc`` (psutil is not a dependency)."""
-    for children in Path("/proc/self/task").glob("*/children"):
+    """Every descendant of this process (under Lightning's own launcher rank 0 started the other local ranks; the
+    loader workers, also those a forkserver started, ``datamodules.base.worker_context``): none outlives it. Read
+    from Linux's ``/proc`` (psutil is not a dependency)."""
+    for pid in _descendants(os.getpid()):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below ``pid``, children first."""
+    found: list[int] = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
         try:
-            pids = [int(pid) for pid in children.read_text().split()]
+            found += [int(child) for child in children.read_text().split()]
         except OSError:
             continue
-        for pid in pids:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
+    return found + [grandchild for child in list(found) for grandchild in _descendants(child)]
 
 
 def effective_timeout(hang_timeout: float, launch_timeout: float | None) -> float:

@@ -157,8 +157,10 @@ class LostRank(Callback):
         if not missing:
             return [], "every rank answered the roll call, so the failure was in the network between them"
         # with the hang watch on (app.callbacks.hang_watch: its timeout is inside the collective's), a rank alive but
-        # stuck is named by it before any collective times out; so this is a dead rank, or a run with the watch off
+        # stuck in training is named by it before any collective times out; it does not watch the set-up, the sanity
+        # check and the first step (a rank's loader worker stuck in its start was seen there), nor a run with it off
         return missing, (
             f"no answer within {self.roll_call_s:g} s after the collective failed: it died, or it is alive but stuck "
-            "and `--launch.hang_timeout` (which names where a stuck rank is) is 0"
+            "where the hang watch does not look (before its first training step ended, or with "
+            "`--launch.hang_timeout 0`)"
         )

@@ -69,7 +69,7 @@ check: lint
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/ruff check --select C901 app datamodules modules
+	$(BIN)/ruff check --select C901 core app datamodules modules tools
 	$(BIN)/lint-imports
 
 # The documentation site (mkdocs.yml, docs/). --strict with mkdocs.yml's `validation`: a broken link or anchor, a

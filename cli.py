@@ -1,8 +1,8 @@
 """Train, validate, test or predict: ``python cli.py fit [--config configs/mnist.yaml] [--config ...]``."""
 
 from app.cli import main
-from app.errors import exit_line_in_one_write
 from app.launch.group import process_group_ended
+from core.errors import exit_line_in_one_write
 
 if __name__ == "__main__":
     # every rank ends its process group before Python finalizes, or a gloo thread can abort the exit (app/launch/group);

@@ -34,7 +34,6 @@ from typing import Any
 import torch
 from lightning.fabric.utilities.cloud_io import _load as pl_load
 from lightning.fabric.utilities.types import _PATH
-from lightning.pytorch import Trainer as LightningTrainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_info
@@ -189,34 +188,6 @@ def low_disk_space(folder: _PATH, estimate: int, room_for: int = 3) -> str | Non
         f"stops the run. Fix: free space there, or set --trainer.default_root_dir to a disk with room for "
         f"{room_for} or more."
     )
-
-
-class Trainer(LightningTrainer):
-    """Lightning's ``Trainer`` (the CLI's ``trainer_class``) whose checkpoint saves fail on every rank together.
-
-    Only rank 0 writes a checkpoint, while the others wait at the barrier that follows. When rank 0's save finds
-    the disk full, Lightning's version would end rank 0 with a traceback, and the waiting ranks would then see a
-    peer that vanished (and report rank 0 as lost). Here rank 0 joins the barrier anyway and tells every rank
-    (one small broadcast per save), so each stops with the same :class:`DiskFullError` line.
-    """
-
-    def save_checkpoint(
-        self, filepath: _PATH, weights_only: bool | None = None, storage_options: Any | None = None
-    ) -> None:
-        if self.model is None:  # Lightning's own check, which the body below replaces
-            return super().save_checkpoint(filepath, weights_only, storage_options)
-        failure = None
-        # Lightning's Trainer.save_checkpoint, with the failure of rank 0's save shared after the barrier
-        with self.profiler.profile("save_checkpoint"):
-            checkpoint = self._checkpoint_connector.dump_checkpoint(weights_only)
-            try:
-                self.strategy.save_checkpoint(checkpoint, filepath, storage_options=storage_options)
-            except DiskFullError as err:
-                failure = str(err.code)
-            self.strategy.barrier("Trainer.save_checkpoint")
-            failure = self.strategy.broadcast(failure, src=0)
-        if failure:
-            raise DiskFullError(failure)
 
 
 def _umask() -> int:

@@ -1,5 +1,5 @@
 """The collectives self-test: the PyTorch distributed tutorial's point-to-point and collective primitives with known
-values, on the process group that exists (``app.parity``'s torchrun job runs it once)."""
+values, on the process group that exists (``tools.parity``'s torchrun job runs it once)."""
 
 from __future__ import annotations
 

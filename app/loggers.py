@@ -37,8 +37,8 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from app import run_dir
 from app.checkpoint import load_on_cpu
-from app.errors import with_link
-from app.launch.env import Launch
+from core.env import Launch
+from core.errors import with_link
 
 SECRET_KEY = re.compile(r"(api[_-]?key|token|secret|password|credential)", re.IGNORECASE)
 INSTALL_HINT = (

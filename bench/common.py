@@ -73,7 +73,7 @@ def run_job(
     imports (~10 s per process here) are paid once. Workers get the initialised default process group.
     ``progress``: the job's standard output (rank 0's progress lines) goes to the terminal instead of being captured.
     """
-    from app.launch.torchrun import run_torchrun_job
+    from tools.torchrun import run_torchrun_job
 
     workdir.mkdir(parents=True, exist_ok=True)
     spec, out = workdir / "bench_spec.json", workdir / "bench_results.json"

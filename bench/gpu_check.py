@@ -324,7 +324,7 @@ NOSYNC = """
 import sys, torch
 from lightning.pytorch import Callback
 from app.cli import main
-from app.logging_steps import is_logging_step
+from core.logging_steps import is_logging_step
 
 CUDA = torch.cuda.is_available()  # (GPU_CHECK_CPU=1: the same run without the guard, for the wiring)
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -26,7 +25,8 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 
-from app.launch.env import Launch, detect
+from core.batch import BatchPlan, resolve_batch
+from core.env import Launch, detect
 from datamodules.resumable import ResumableLoader, ResumableSampler, SeededDataset, ignore_sigint
 
 Workers = int | Literal["auto"]  # --data.num_workers 4, or auto (see auto_workers)
@@ -59,72 +59,6 @@ def worker_context(world_size: int) -> Any:
     return context
 
 
-@dataclass(frozen=True)
-class BatchPlan:
-    """The batch arithmetic of a run: what one process loads, how many processes, how many steps are accumulated."""
-
-    per_device: int
-    world_size: int
-    accumulate_grad_batches: int = 1
-
-    @property
-    def global_batch(self) -> int:
-        """Images behind one optimizer step, summed over all processes."""
-        return self.per_device * self.world_size * self.accumulate_grad_batches
-
-    def describe(self) -> str:
-        return (
-            f"batch {self.per_device} per device x {self.world_size} processes x "
-            f"{self.accumulate_grad_batches} accumulated = global batch {self.global_batch}"
-        )
-
-
-def nearest_multiples(global_batch_size: int, factor: int) -> tuple[int, int]:
-    """The valid global batches around one that ``factor`` (processes x accumulation) does not divide."""
-    return max(factor, global_batch_size // factor * factor), (global_batch_size // factor + 1) * factor
-
-
-def uneven_global_batch(
-    global_batch_size: int, world_size: int, accumulate_grad_batches: int = 1, num_nodes: int | None = None
-) -> str | None:
-    """The one message for a ``global_batch_size`` that does not split over every factor (None when it does): the
-    DataModule raises it, the preflight reports it before anything starts."""
-    factor = world_size * accumulate_grad_batches
-    if global_batch_size > 0 and global_batch_size % factor == 0:
-        return None
-    if num_nodes and num_nodes > 1:
-        processes = f"{world_size // num_nodes} processes per node x {num_nodes} nodes"
-    else:
-        processes = f"{world_size} process{'es' if world_size > 1 else ''}"
-    lower, upper = nearest_multiples(global_batch_size, factor)
-    return (
-        f"data.global_batch_size={global_batch_size} does not split evenly over world size {world_size} "
-        f"({processes}) x trainer.accumulate_grad_batches {accumulate_grad_batches} = {factor}. Fix: a multiple of "
-        f"{factor} (e.g. {lower} or {upper}), the per-device data.batch_size instead, or another device count."
-    )
-
-
-def resolve_batch(
-    batch_size: int,
-    global_batch_size: int | None,
-    world_size: int,
-    accumulate_grad_batches: int = 1,
-    num_nodes: int | None = None,
-) -> BatchPlan:
-    """The batch arithmetic, in one place: ``batch_size`` per device as given, or ``global_batch_size`` split over
-    every factor (processes x accumulation).
-
-    Raises:
-        ValueError: ``global_batch_size`` is not a multiple of world size x accumulation (:func:`uneven_global_batch`).
-    """
-    if global_batch_size is None:
-        return BatchPlan(batch_size, world_size, accumulate_grad_batches)
-    if problem := uneven_global_batch(global_batch_size, world_size, accumulate_grad_batches, num_nodes):
-        raise ValueError(problem)
-    factor = world_size * accumulate_grad_batches
-    return BatchPlan(global_batch_size // factor, world_size, accumulate_grad_batches)
-
-
 def available_cpus() -> int:
     """CPUs this process may run on (the affinity mask, which SLURM and containers narrow), not the host's count."""
     try:
@@ -138,7 +72,7 @@ def node_cpus(processes_per_node: int, launch: Launch | None = None) -> int:
 
     torchrun and Lightning's own launcher start every process with the same affinity mask: that mask. SLURM with
     ``--cpus-per-task`` may bind each task to its own CPUs (task/affinity), so one task's mask is not the node's
-    share: there it is ``--cpus-per-task`` x tasks (``launch``: default :func:`app.launch.env.detect`).
+    share: there it is ``--cpus-per-task`` x tasks (``launch``: default :func:`core.env.detect`).
     """
     launch = launch or detect()
     if launch.launcher == "slurm" and launch.cpus_per_task:

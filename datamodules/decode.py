@@ -36,7 +36,7 @@ import torch
 from PIL import Image
 from torchvision.transforms import v2
 
-from app.errors import UserError
+from core.errors import UserError
 
 Decoder = Literal["cpu", "pil", "gpu"]
 DECODERS = ("cpu", "pil", "gpu")

@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 from torchvision.datasets import ImageFolder
 from torchvision.transforms import v2
 
-from app.errors import UserError
+from core.errors import UserError
 from datamodules.base import ImageDataModule, Workers
 from datamodules.decode import (
     DECODERS,

@@ -26,7 +26,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from app.errors import with_link
+from core.errors import with_link
 
 IMAGE_SUFFIXES = {".jpeg", ".jpg", ".png", ".webp", ".bmp"}
 

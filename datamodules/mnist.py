@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, TensorDataset, random_split
 
-from app.errors import UserError
+from core.errors import UserError
 from datamodules.base import ImageDataModule, Workers
 
 log = logging.getLogger(__name__)

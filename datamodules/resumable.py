@@ -35,7 +35,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, get_worker_info
 
-from app.errors import UserError
+from core.errors import UserError
 
 
 class ResumeLayoutError(UserError, RuntimeError):

@@ -51,7 +51,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 
-from app.errors import UserError
+from core.errors import UserError
 from datamodules.base import available_cpus
 from datamodules.decode import Decoder, UnreadableImageError, _Skipped, decode, decode_for, encoded
 

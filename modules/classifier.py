@@ -17,7 +17,8 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from app.logging_steps import is_logging_step
+from core.batch import BatchPlan, linear_scaled_lr
+from core.logging_steps import is_logging_step
 from modules import zoo
 
 FP16_EPS = 1e-4  # the eps an optimizer gets under 16-true when its own is 0 in float16 (_fp16_safe_eps)
@@ -133,7 +134,7 @@ class ImageClassifier(LightningModule):
 
     def _log_train_step(self, loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> None:
         """This rank's batch: loss, top-1 and top-5 accuracy, added to the epoch's sums on the device every step (a
-        few in-place ops) and logged only on logging steps (``app.logging_steps``), with one device-to-host copy
+        few in-place ops) and logged only on logging steps (``core.logging_steps``), with one device-to-host copy
         there: no host read and no ``self.log`` call on the other steps. (A torchmetrics forward per step cost ~5 ms
         of Python on a CPU.)"""
         n = y.numel()
@@ -264,7 +265,7 @@ class ImageClassifier(LightningModule):
                 "model.lr_reference_batch_size needs the global batch, but the datamodule has no batch_size "
                 "attribute. Set model.lr_reference_batch_size null and give the final lr to the optimizer."
             )
-        return batch_size * self.trainer.world_size * self.trainer.accumulate_grad_batches
+        return BatchPlan(batch_size, self.trainer.world_size, self.trainer.accumulate_grad_batches).global_batch
 
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
         factor = self._warmup_factor()
@@ -349,8 +350,3 @@ class ImageClassifier(LightningModule):
                 f"makes {int(steps)}, so the learning rate {effect}. "
                 f"Fix: --model.lr_scheduler.init_args.total_iters {int(steps)} (max_epochs x steps per epoch)."
             )
-
-
-def linear_scaled_lr(lr: float, global_batch: int, reference_batch: int | None) -> float:
-    """The linear scaling rule (Goyal et al. 2017): ``lr`` is per ``reference_batch`` images; None: unscaled."""
-    return lr * global_batch / reference_batch if reference_batch else lr

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from functools import cache
 
-from app.errors import DOCS_URL
+from core.errors import DOCS_URL
 from tests.conftest import ROOT
 
 PAGE = ROOT / "docs" / "troubleshooting.md"

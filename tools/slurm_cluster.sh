@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A throwaway SLURM cluster on this machine, from Debian's own packages (Debian 12 "bookworm", Slurm 22.05, root,
-# no systemd), for the `slurm` tests and for trying `python -m app.launch.slurm submit` without a real cluster.
+# no systemd), for the `slurm` tests and for trying `python -m tools.slurm submit` without a real cluster.
 #   bash tools/slurm_cluster.sh install   # apt-get slurmctld slurmd slurm-client (munge comes as a dependency); idempotent
 #   bash tools/slurm_cluster.sh start     # write slurm.conf, start the daemons, wait until every node is idle
 #   bash tools/slurm_cluster.sh smoke     # sbatch a 2-task `srun` job and check both tasks ran

@@ -10,9 +10,9 @@ Checkpoint I/O lives in :mod:`app.checkpoint`. :data:`DEFAULTS` are the callback
 from lightning.pytorch import Callback
 
 from app.callbacks.amp import AMPHealth, NonFiniteLossError
-from app.callbacks.checkpoint import ModelCheckpoint
 from app.callbacks.lost_rank import LostRank, LostRankError
 from app.callbacks.lr_monitor import LearningRateMonitor
+from app.callbacks.model_checkpoint import ModelCheckpoint
 from app.callbacks.rank_loss import RankEpochLoss
 from app.callbacks.requeue import SLURMRequeue
 from app.callbacks.rng import RNGState

@@ -15,8 +15,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 
-from app.errors import UserError
-from app.logging_steps import is_logging_step
+from core.errors import UserError
+from core.logging_steps import is_logging_step
 
 
 class NonFiniteLossError(UserError, RuntimeError):

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from app.collectives import gloo_side_group
-from app.logging_steps import is_logging_step
+from core.logging_steps import is_logging_step
 
 DEBUG_HANG_TIMEOUT = 120.0  # seconds: the hang watch's timeout under --launch.debug (unless set lower)
 

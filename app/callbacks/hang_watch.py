@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from app.errors import with_link
+from core.errors import with_link
 
 ROOT = Path(__file__).resolve().parents[2]
 FRAMES = 4  # innermost frames of the main thread shown per rank

@@ -12,8 +12,8 @@ import time
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from app.errors import with_link
-from app.launch.env import detect
+from core.env import detect
+from core.errors import with_link
 
 # what gloo (and c10d around it) says when the other end of a collective is gone or silent
 PEER_GONE = re.compile(r"closed by peer|reset by peer|broken pipe|timed out|timeout|connection refused", re.IGNORECASE)

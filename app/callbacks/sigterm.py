@@ -12,8 +12,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from app.callbacks import agree
-from app.errors import say
 from app.run_dir import last_checkpoint_of
+from core.errors import say
 
 EXIT_CODE = 128 + signal.SIGTERM  # 143: what a shell reports for a process ended by SIGTERM
 INTERRUPT_EXIT_CODE = 128 + signal.SIGINT  # 130: the same for Ctrl-C (SIGINT)

@@ -5,7 +5,7 @@ same on every rank and says nothing about who is slow: the slow rank's extra tim
 the collective. What differs is the part of a step a rank spends on its own before it first waits for the others:
 its wait for the next batch (data wait, from the end of the previous step to the start of this one) and its forward
 pass (the start of the step to the start of backward). So each rank times these two with host timers on every step
-(no device read, no collective) and sums them; on logging steps (``app.logging_steps``) one small all-gather of a
+(no device read, no collective) and sums them; on logging steps (``core.logging_steps``) one small all-gather of a
 CPU tensor over gloo brings every rank's sums to every rank, and the logger gets:
 
 - ``perf/step_time_max_ms``: the slowest rank's own time per step, in ms;
@@ -37,7 +37,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
 from app.collectives import gloo_side_group
-from app.logging_steps import is_logging_step
+from core.logging_steps import is_logging_step
 
 DATA_BOUND = 0.5  # a slowest rank waiting for data this share of its own time is input-bound
 

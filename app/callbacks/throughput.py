@@ -15,8 +15,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.data import extract_batch_size
 from torch import Tensor
 
-from app.logging_steps import is_logging_step
 from app.strategies.layout import layout_of
+from core.logging_steps import is_logging_step
 
 
 def data_parallel_devices(trainer: Trainer) -> int:
@@ -32,7 +32,7 @@ def data_parallel_devices(trainer: Trainer) -> int:
 class Throughput(Callback):
     """Logs ``perf/images_per_sec`` (all ranks together), ``perf/images_per_sec_per_device`` and
     ``perf/data_time_frac`` (time between two training steps spent fetching the batch / total step time) on
-    logging steps (``app.logging_steps``: every step is timed, the window is summed only there), and
+    logging steps (``core.logging_steps``: every step is timed, the window is summed only there), and
     ``perf/val_images_per_sec`` once per validation.
 
     Validation and checkpointing between two steps are not counted. Figures are rank 0's view: the global rate is

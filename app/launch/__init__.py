@@ -1,3 +1,3 @@
-"""Launch: the preflight (``preflight`` builds the ``plan``, ``checks`` checks it), the launcher's variables
-(``env``), the rendezvous timeout explained (``rendezvous``), the end of the process group (``group``), one torchrun
-job (``torchrun``) and the sbatch script (``slurm``; its command is ``app.slurm``)."""
+"""Launch: the preflight (``preflight`` builds the ``plan``, ``checks`` checks it), the rendezvous timeout explained
+(``rendezvous``) and the end of the process group (``group``). The launcher's variables are :mod:`core.env`; the
+sbatch script and its ``submit`` command are tools (:mod:`tools.sbatch`, :mod:`tools.slurm`)."""

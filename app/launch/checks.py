@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.config import get
-from app.errors import did_you_mean
-from app.launch.env import LAUNCHER_NAMES, main_address, resolves
 from app.launch.plan import Plan
 from app.strategies.dp import COMPILE_REFUSED
-from datamodules.base import uneven_global_batch
+from core.batch import uneven_global_batch
+from core.config import get
+from core.env import LAUNCHER_NAMES, main_address, resolves
+from core.errors import did_you_mean
 
 FLAG = {"slurm": "--ntasks-per-node", "torchrun": "--nproc_per_node"}
 NODES_FLAG = {"slurm": "--nodes", "torchrun": "--nnodes"}
@@ -34,7 +34,7 @@ def slurm_tasks_cannot_be_told_apart(plan: Plan) -> str | None:
         f"SLURM started {launch.world_size} tasks with --ntasks but without --ntasks-per-node, so the tasks of "
         "each node cannot be told apart. Fix: submit with `#SBATCH --nodes=N` and "
         "`#SBATCH --ntasks-per-node=T` (T = trainer.devices), e.g. "
-        "`python -m app.launch.slurm submit --nodes N --gpus-per-node T -- fit ...`."
+        "`python -m tools.slurm submit --nodes N --gpus-per-node T -- fit ...`."
     )
 
 
@@ -92,7 +92,7 @@ def nodes_cannot_meet(plan: Plan) -> str | None:
         return None
     return (
         f"trainer.num_nodes={plan.num_nodes} but no launcher was detected and MASTER_ADDR is not set, so the "
-        "nodes cannot find each other. Fix: launch with `srun` (see `python -m app.launch.slurm submit`) or "
+        "nodes cannot find each other. Fix: launch with `srun` (see `python -m tools.slurm submit`) or "
         f"`torchrun --nnodes {plan.num_nodes} --node_rank R --master_addr HOST ...`, or export MASTER_ADDR, "
         "MASTER_PORT and NODE_RANK on every node."
     )

@@ -11,10 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.launch.env import LAUNCHER_NAMES, Launch
 from app.strategies.layout import Layout, layout_of
-from datamodules.base import resolve_batch
-from modules.classifier import linear_scaled_lr
+from core.batch import linear_scaled_lr, resolve_batch
+from core.env import LAUNCHER_NAMES, Launch
 
 
 def device_count(devices: Any, accelerator: str | None) -> int | None:

@@ -14,11 +14,11 @@ from typing import Any
 from lightning.pytorch.utilities import rank_zero_info
 
 from app import run_dir
-from app.config import get
 from app.launch.checks import config_problems, launch_problems, machine_problems
-from app.launch.env import Launch, detect
 from app.launch.plan import Plan, device_count
 from app.strategies.layout import layout_of, strategy_name
+from core.config import get
+from core.env import Launch, detect
 
 __all__ = ["PreflightError", "build", "machine_problems", "preflight"]
 

@@ -8,13 +8,11 @@ import re
 import sys
 from collections.abc import Iterator
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from app.errors import linked
-from app.launch.env import Launch, main_address
-
-if TYPE_CHECKING:
-    from app.launch.plan import Plan
+from app.launch.plan import Plan
+from core.env import Launch, main_address
+from core.errors import linked
 
 
 def join_this_attempt(strategy: Any, launch: Launch) -> None:

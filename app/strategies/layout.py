@@ -15,10 +15,10 @@ from typing import Any, Literal
 
 from lightning.pytorch.strategies import StrategyRegistry
 
-from app.config import get
+from core.config import get
 
 Parity = Literal["exact", "close"] | None
-REFERENCE = "ddp"  # Lightning's DDP: the mode every other is compared with (``app.parity``'s "vs ddp" column)
+REFERENCE = "ddp"  # Lightning's DDP: the mode every other is compared with (``tools.parity``'s "vs ddp" column)
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class Layout:
         needs_process_gpus: ``trainer.devices`` counts processes and each process needs ``devices_per_process`` GPUs
             of its own (``ddp_mp``).
         parity: ``exact``: trains the same weights as one device in fp32 (to rounding); ``close``: within the wire
-            precision; None: not compared by ``app.parity`` by default.
+            precision; None: not compared by ``tools.parity`` by default.
         fp16_parity: takes part in the fp16 GradScaler parity scenario (an overflow on one rank skips every rank).
     """
 

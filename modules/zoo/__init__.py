@@ -13,7 +13,7 @@ import torchvision
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
-from app.errors import UserError
+from core.errors import UserError
 from modules.zoo import weights as zoo_weights
 from modules.zoo.mnist_cnn import mnist_cnn
 from modules.zoo.mnist_fast import mnist_fast

@@ -20,7 +20,7 @@ import torch
 import torchvision
 from torch import nn
 
-from app.errors import UserError, closest
+from core.errors import UserError, closest
 
 FILE_SUFFIXES = (".pth", ".pt", ".ckpt", ".bin", ".tar")
 

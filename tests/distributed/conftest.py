@@ -1,14 +1,14 @@
 """One 2-process gloo job (torchrun, CPU) shared by the distributed tests: a job costs ~10-20 s of imports per
-process here, so it checks the collectives and every mode on three scenarios at once (see ``app.parity``)."""
+process here, so it checks the collectives and every mode on three scenarios at once (see ``tools.parity``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.parity import compare, table
-from bench.parity import AMP_MODES, EXACT_MODES, STEPS, scenarios
+from bench.parity_report import AMP_MODES, EXACT_MODES, STEPS, scenarios
+from tools.parity import compare, table
 
-# the scenarios live in bench.parity, which also writes the figures the README quotes
+# the scenarios live in bench.parity_report, which also writes the figures the README quotes
 __all__ = ["AMP_MODES", "EXACT_MODES", "STEPS", "parity"]
 
 

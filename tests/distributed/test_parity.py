@@ -5,7 +5,7 @@ After 6 SGD-with-momentum steps (crossing an epoch boundary), fp32, tolerance 1e
 
 import pytest
 
-from bench.parity import SYNCBN_STEPS
+from bench.parity_report import SYNCBN_STEPS
 from tests.distributed.conftest import AMP_MODES, EXACT_MODES, STEPS
 
 TOL = 1e-5
@@ -73,7 +73,7 @@ def test_fp16_overflow_skips_leave_the_same_weights_as_ddp(parity, mode):
 @pytest.mark.parametrize("mode", EXACT_MODES)
 def test_sync_batchnorm_matches_single_device(parity, mode):
     """What SyncBatchNorm is for: the default BatchNorm network on 2 x 8 images trains as one device on 16 (float64,
-    see bench.parity.FP64), in ddp and in the modes without the DDP wrapper or split over stages."""
+    see bench.parity_report.FP64), in ddp and in the modes without the DDP wrapper or split over stages."""
     facts = parity["scenarios"]["syncbn"]["modes"][mode]
     assert facts["steps"] == SYNCBN_STEPS and facts["ranks_identical"], facts
     assert facts["max_diff_vs_single"] < TOL, f"{mode} with SyncBatchNorm drifted from single device: {facts}"
@@ -100,7 +100,7 @@ def test_allreduce_with_sync_batchnorm_keeps_buffers_equal(parity):
 def test_the_table_says_why_batchnorm_differs_from_single_device(parity):
     """The 'vs single' column of a BatchNorm network is not 0 by design; the printed table says so, and which column
     to read, for those scenarios only; with SyncBatchNorm it says to read 'vs single'."""
-    from app.parity import table
+    from tools.parity import table
 
     assert parity["scenarios"]["batchnorm"]["batchnorm"] and not parity["scenarios"]["plain"]["batchnorm"]
     printed = table(parity)

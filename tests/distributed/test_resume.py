@@ -25,7 +25,7 @@ import pytest
 import torch
 from lightning.pytorch import Callback
 
-from app.launch.torchrun import run_torchrun_job
+from tools.torchrun import run_torchrun_job
 
 ROOT = Path(__file__).resolve().parents[2]
 CRASH = "tests.distributed.test_resume.CrashAfterFirstEpoch"

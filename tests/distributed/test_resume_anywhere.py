@@ -198,7 +198,7 @@ def test_imagenet_folder_mid_epoch_resume_is_exact(photos, tmp_path):
 
 @pytest.fixture(scope="module")
 def distributed_facts(mnist_dir, tmp_path_factory) -> dict:
-    from app.launch.torchrun import run_torchrun_job
+    from tools.torchrun import run_torchrun_job
 
     out = tmp_path_factory.mktemp("resume_anywhere")
     return run_torchrun_job(

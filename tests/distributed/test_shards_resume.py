@@ -100,7 +100,7 @@ def test_shards_resumed_in_epoch_0_run_exact_and_a_whole_epoch_after_it(shards, 
 
 @pytest.mark.distributed
 def test_two_processes_on_shards_resumed_in_epoch_0_run_exact_and_a_whole_epoch_after_it(shards, tmp_path):
-    from app.launch.torchrun import run_torchrun_job
+    from tools.torchrun import run_torchrun_job
 
     facts = run_torchrun_job(
         "tests.distributed.test_shards_resume", [str(tmp_path), str(shards)], 2, tmp_path / "results.json",

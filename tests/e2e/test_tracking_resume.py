@@ -20,8 +20,8 @@ import pytest
 import torch
 from jsonargparse import Namespace
 
-from app.launch.env import detect
 from app.loggers import prepare_loggers, resume_torchrun_job
+from core.env import detect
 from tests.conftest import ROOT
 from tests.wandb_reader import offline_runs, requires_wandb, tensorboard_scalars
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 from lightning.pytorch import Trainer, seed_everything
 
-from app.parity import compare
 from datamodules import MNISTDataModule
 from modules import ImageClassifier
 from tests.conftest import run_if
+from tools.parity import compare
 
 pytestmark = run_if(cuda=2)
 SGD = ["--model.optimizer", "SGD", "--model.optimizer.lr", "0.05", "--model.optimizer.momentum", "0.9"]

@@ -125,7 +125,7 @@ def test_default_callbacks_train_without_a_host_sync_between_logging_steps(mnist
     """The steady-state step of the default config (its per-step callbacks, 32-true) under
     ``set_sync_debug_mode("error")``: any blocking CUDA call outside logging steps raises."""
     from app.callbacks import AMPHealth, LostRank, RNGState, SIGTERMCheckpoint, SLURMRequeue, Throughput
-    from app.logging_steps import is_logging_step
+    from core.logging_steps import is_logging_step
 
     class SyncGuard(Callback):
         checked = 0

@@ -57,14 +57,14 @@ def slurm_nodes(slurm_env) -> int:
 
 
 def submit(slurm_env: dict[str, str], *args: str) -> str:
-    """``python -m app.launch.slurm submit ARGS`` as a user runs it; returns the job id.
+    """``python -m tools.slurm submit ARGS`` as a user runs it; returns the job id.
 
     The job's rendezvous port is a free one, passed on by sbatch as ``MASTER_PORT``: Lightning's default derives it
     from the job id (15000 + its last 4 digits), the same numbers for every throwaway cluster, which starts at job 1.
     """
     env = {**slurm_env, "MASTER_PORT": str(free_port())}
     out = subprocess.run(
-        [sys.executable, "-m", "app.launch.slurm", "submit", *args],
+        [sys.executable, "-m", "tools.sbatch", "submit", *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""Real jobs on the throwaway SLURM cluster, submitted the way a user does: ``python -m app.launch.slurm submit``."""
+"""Real jobs on the throwaway SLURM cluster, submitted the way a user does: ``python -m tools.slurm submit``."""
 
 from __future__ import annotations
 

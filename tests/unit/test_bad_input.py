@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from app.cli import main
-from app.errors import linked
-from app.launch.env import detect
 from app.launch.preflight import build, machine_problems
-from app.slurm import resolve_config
+from core.env import detect
+from core.errors import linked
 from tests.conftest import ROOT
 from tests.troubleshooting import assert_documented
+from tools.slurm import resolve_config
 
 
 @pytest.fixture

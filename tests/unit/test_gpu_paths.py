@@ -10,15 +10,15 @@ from lightning.pytorch import Callback
 from torch import nn
 
 import app.strategies  # noqa: F401  (registers the strategy names)
-from app.launch.env import detect
 from app.launch.preflight import build, machine_problems
-from app.parity import jobs
-from app.slurm import resolve_config
 from app.strategies.ddp_mp import DDPModelParallelStrategy, balance, split_units
+from core.env import detect
 from datamodules import MNISTDataModule
 from datamodules.imagenet import _mean_std, normalize
 from modules import ImageClassifier, zoo
 from tests.conftest import ROOT, fast_trainer, run_cli
+from tools.parity import jobs
+from tools.slurm import resolve_config
 
 
 def _stage_of_parameters(net: nn.Module, stages: int) -> tuple[nn.Module, dict[int, int]]:

@@ -14,7 +14,7 @@ from lightning.pytorch.strategies import DDPStrategy
 
 from app.callbacks.hang_watch import apply_flight_recorder, effective_timeout, where
 from app.launch.preflight import build
-from app.slurm import resolve_config
+from tools.slurm import resolve_config
 
 
 def napping(started: threading.Event, done: threading.Event) -> None:

@@ -11,7 +11,8 @@ import pytest
 import torch
 from PIL import Image
 
-from datamodules.base import resolve_batch, workers_warning
+from core.batch import resolve_batch
+from datamodules.base import workers_warning
 from datamodules.imagenet import (
     MEAN,
     STD,

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torchvision
 
-from app.launch.env import detect
+from core.env import detect
 from datamodules import MNISTDataModule
 from datamodules import mnist as mnist_module
 from datamodules.base import auto_workers, available_cpus, node_cpus

@@ -15,7 +15,7 @@ LINE = "error: saving the checkpoint {} failed: the disk is full. Help: docs/tro
 # as long as the real disk-full line with pytest's paths (~900 characters), well under PIPE_BUF
 WRITER = """
 import sys, time
-from app.errors import exit_line_in_one_write, say
+from core.errors import exit_line_in_one_write, say
 line = {line!r}.format(sys.argv[1] * 800)
 start = float(sys.argv[2])
 while time.time() < start:  # both processes write at the same moment

@@ -11,11 +11,11 @@ import pytest
 
 from app.cli import main
 from app.launch.checks import launch_problems
-from app.launch.env import detect, expand_nodelist, split_local_rank, torchrun_node_range
 from app.launch.plan import Plan
 from app.launch.preflight import PreflightError, build
-from app.slurm import resolve_config
+from core.env import detect, expand_nodelist, split_local_rank, torchrun_node_range
 from tests.conftest import ROOT
+from tools.slurm import resolve_config
 
 SLURM_2x4 = {  # what srun gives rank 5 of `sbatch --nodes=2 --ntasks-per-node=4`
     "SLURM_NTASKS": "8", "SLURM_NTASKS_PER_NODE": "4", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "gpu[07-08]",

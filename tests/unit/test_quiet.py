@@ -29,7 +29,7 @@ def test_a_real_fit_says_no_tip_and_no_leafspec_deprecation(mnist_dir, tmp_path,
 
 
 def test_tools_that_pass_args_are_not_warned_about_sys_argv(monkeypatch, tmp_path):
-    monkeypatch.setattr(sys, "argv", ["python -m app.parity", "--steps", "5"])  # the tool's own command line
+    monkeypatch.setattr(sys, "argv", ["python -m tools.parity", "--steps", "5"])  # the tool's own command line
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         cli = main(["--trainer.default_root_dir", str(tmp_path), "--trainer.logger", "false"], run=False)

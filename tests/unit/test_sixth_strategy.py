@@ -1,5 +1,5 @@
 """A sixth parallel mode needs one strategy file: registered under a new name with its layout (here the throwaway
-``tests/unit/sixth_strategy.py``), it is in ``python -m app.parity``'s default modes and in the step-time benchmark,
+``tests/unit/sixth_strategy.py``), it is in ``python -m tools.parity``'s default modes and in the step-time benchmark,
 the preflight plan lays it out and checks the machine by its layout, and the parity job trains it like one device,
 with no other edit."""
 
@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 from lightning.pytorch.strategies import StrategyRegistry
 
-from app.launch.env import detect
 from app.launch.preflight import build, machine_problems
-from app.parity import compare, jobs, parser
-from app.slurm import resolve_config
-from bench.parity import STEPS, scenarios
+from bench.parity_report import STEPS, scenarios
+from core.env import detect
+from tools.parity import compare, jobs, parser
+from tools.slurm import resolve_config
 
 TOL = 1e-5
 

@@ -1,4 +1,4 @@
-"""`python -m app.launch.slurm submit --dry-run`: the sbatch script rendered from the user's own command line."""
+"""`python -m tools.slurm submit --dry-run`: the sbatch script rendered from the user's own command line."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from app import slurm
 from tests.troubleshooting import assert_documented
+from tools import slurm
 
 
 def dry_run(capsys, *args: str) -> str:

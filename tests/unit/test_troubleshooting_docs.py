@@ -1,4 +1,4 @@
-"""docs/troubleshooting.md cannot drift from the app: each section is one of ``app.errors.SECTIONS`` (the links the
+"""docs/troubleshooting.md cannot drift from the app: each section is one of ``core.errors.SECTIONS`` (the links the
 error lines end with), each quotes its message, each quote routes back to its own section, and each section's quote
 is asserted by a test that makes the mistake (``tests.troubleshooting.assert_documented``)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ast
 
-from app.errors import SECTIONS, docs_anchor
+from core.errors import SECTIONS, docs_anchor
 from tests.conftest import ROOT
 from tests.troubleshooting import quotes, slug
 

@@ -1,6 +1,6 @@
 """The sbatch script of a ``cli.py`` command: :class:`Job` renders it, :func:`submit` submits it.
 
-The command ``python -m app.launch.slurm submit ...`` runs :mod:`app.slurm`, which parses the command line with the
+The command ``python -m tools.slurm submit ...`` runs :mod:`tools.slurm`, which parses the command line with the
 app's CLI (so it stands above it) and builds the :class:`Job`. The script follows Lightning's SLURM
 contract: ``--ntasks-per-node`` = devices, ``--nodes`` = ``num_nodes``, ``srun python cli.py``, ``--signal=SIGUSR1@90``
 and ``--requeue`` (Lightning saves ``hpc_ckpt_N.ckpt`` on the signal, requeues the job and resumes from it), with a
@@ -16,9 +16,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.errors import with_link
+from core.errors import with_link
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -74,7 +74,7 @@ class Job:
         return "\n".join(
             [
                 "#!/bin/bash",
-                "# Rendered by `python -m app.launch.slurm submit`; submit again with `sbatch THIS_FILE`.",
+                "# Rendered by `python -m tools.slurm submit`; submit again with `sbatch THIS_FILE`.",
                 *header,
                 "set -eo pipefail  # no -u: module systems (Lmod) read unset variables",
                 *self.setup_lines,
@@ -108,9 +108,3 @@ def submit(job: Job, dry_run: bool) -> str | None:
     job_id = out.stdout.strip().split(";")[0]
     print(f"submitted job {job_id}: {path}\n  log: {job.run_dir}/slurm-{job_id}.out   status: squeue -j {job_id}")
     return job_id
-
-
-if __name__ == "__main__":  # the documented command; it parses with the app's CLI, so it lives above it: app.slurm
-    import runpy
-
-    runpy.run_module("app.slurm", run_name="__main__", alter_sys=True)

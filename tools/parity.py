@@ -1,4 +1,4 @@
-"""Do the parallel modes train the same model? ``python -m app.parity --config CONFIG --steps 5``.
+"""Do the parallel modes train the same model? ``python -m tools.parity --config CONFIG --steps 5``.
 
 Runs the config's model for a few optimizer steps in every mode available here and prints, per mode, the largest
 parameter difference against a single-device run that sees the same global batches. The modes are the registered
@@ -39,9 +39,9 @@ import app.strategies  # noqa: F401  (registers the app's strategy names)
 from app import cli as app_cli
 from app.collectives import check_collectives
 from app.launch.group import end_process_group
-from app.launch.torchrun import run_torchrun_job
 from app.strategies.layout import REFERENCE, layout_of, parity_modes
 from app.sync_batchnorm import with_sync_batchnorm
+from tools.torchrun import run_torchrun_job
 
 _QUIET = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False, "enable_model_summary": False}
 
@@ -268,7 +268,7 @@ def _run_job(scenarios: list[dict], steps: int, nproc: int, workdir: Path, accel
     spec_path = workdir / f"spec-{nproc}.json"
     spec_path.write_text(json.dumps(spec))
     args = ["--worker", str(spec_path)]
-    return run_torchrun_job("app.parity", args, nproc, Path(spec["results"]), "parity")
+    return run_torchrun_job("tools.parity", args, nproc, Path(spec["results"]), "parity")
 
 
 def compare(scenarios: list[dict], steps: int, nproc: int, workdir: Path, accelerator: str = "auto") -> dict:
@@ -388,7 +388,7 @@ def table(results: dict) -> str:
 
 def parser() -> argparse.ArgumentParser:
     """The command line; ``--modes`` defaults to every registered mode whose layout claims exact parity."""
-    parser = argparse.ArgumentParser(prog="python -m app.parity", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.parity", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", action="append", default=[], help="config file(s), as for cli.py")
     parser.add_argument("--steps", type=int, default=5, help="optimizer steps per mode (default 5)")
     parser.add_argument("--modes", default=",".join(parity_modes()), help="comma-separated strategy names")

@@ -1,12 +1,12 @@
 """Render and submit an sbatch script from the same command line ``cli.py`` takes.
 
-    python -m app.launch.slurm submit --nodes 2 --gpus-per-node 4 --time 24:00:00 --partition gpu \\
+    python -m tools.slurm submit --nodes 2 --gpus-per-node 4 --time 24:00:00 --partition gpu \\
         [--account A] [--sbatch mem=200G] [--setup "module load cuda"] [--dry-run] -- fit --config configs/x.yaml
 
-(``python -m app.slurm`` is the same command.) The command after ``--`` is parsed by the app's own CLI (nothing is
+The command after ``--`` is parsed by the app's own CLI (nothing is
 instantiated) with ``--trainer.num_nodes``, ``--trainer.devices`` and ``--trainer.accelerator`` appended, and checked
 by the preflight plan as SLURM will launch it, so a mistake is reported here instead of after the job waited in the
-queue. The script itself is :class:`app.launch.slurm.Job`'s.
+queue. The script itself is :class:`tools.sbatch.Job`'s.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from pathlib import Path
 
 from app.cli import CLI
 from app.cli import main as cli_main
-from app.errors import with_link
-from app.launch.env import Launch
 from app.launch.preflight import build
-from app.launch.slurm import Job, submit
+from core.env import Launch
+from core.errors import with_link
+from tools.sbatch import Job, submit
 
 
 def resolve_config(cli_args: list[str]):
@@ -51,7 +51,7 @@ def build_job(ns: argparse.Namespace, command: list[str]) -> Job:
         sys.exit(
             with_link(
                 "error: give the cli.py command after `--`, starting with its subcommand, e.g. "
-                "`python -m app.launch.slurm submit --nodes 1 --gpus-per-node 4 -- fit --config configs/mnist.yaml`"
+                "`python -m tools.slurm submit --nodes 1 --gpus-per-node 4 -- fit --config configs/mnist.yaml`"
             )
         )
     tasks = ns.tasks_per_node or ns.gpus_per_node
@@ -93,7 +93,7 @@ def build_job(ns: argparse.Namespace, command: list[str]) -> Job:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m app.launch.slurm", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tools.slurm", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="action", required=True)
     s = sub.add_parser("submit", help="render an sbatch script for a cli.py command and submit it")
     s.add_argument("--nodes", type=int, default=1, help="nodes (= trainer.num_nodes)")

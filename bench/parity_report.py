@@ -1,9 +1,9 @@
-"""The parity figures the README quotes: ``python -m bench.parity`` (about 3 minutes on 2 CPU cores).
+"""The parity figures the README quotes: ``python -m bench.parity_report`` (about 3 minutes on 2 CPU cores).
 
 The CI's parity job (``tests/distributed/test_parity.py``) with the same scenarios, written to
 ``results/parity.{json,md}``: 2 gloo processes on CPU, real MNIST, 8 images per rank, 6 SGD-with-momentum steps
 crossing an epoch boundary; per mode, the largest parameter difference against one device that sees each whole
-global batch (``app.parity``), and against ``ddp``; the default network (``mnist_fast``, BatchNorm) with and without
+global batch (``tools.parity``), and against ``ddp``; the default network (``mnist_fast``, BatchNorm) with and without
 ``--trainer.sync_batchnorm true``, 5 steps.
 """
 
@@ -93,26 +93,26 @@ def scenarios(data_dir: str) -> list[dict]:
             "name": "grad_edits",
             "args": [*common, "--trainer.limit_train_batches", "3"],
             "modes": AMP_MODES,
-            "callbacks": ["bench.parity:HalveGradientsAfterBackward"],
+            "callbacks": ["bench.parity_report:HalveGradientsAfterBackward"],
         },
         {  # fp16 with a GradScaler: an overflow on one rank must make every rank skip the same step
             "name": "amp",
             "args": [*common, "--trainer.limit_train_batches", "3"],
             "modes": AMP_MODES,
             "fp16_scaler": True,
-            "callbacks": ["bench.parity:OverflowOnRank1"],
+            "callbacks": ["bench.parity_report:OverflowOnRank1"],
         },
     ]
 
 
 def markdown(results: dict[str, Any]) -> str:
-    from app.parity import table
+    from tools.parity import table
 
     return "\n".join(
         [
             "# Parity: every mode against one device",
             "",
-            f"Machine: {machine_line(results['machine'])}. Command: `python -m bench.parity` (the scenarios of "
+            f"Machine: {machine_line(results['machine'])}. Command: `python -m bench.parity_report` (the scenarios of "
             f"`tests/distributed/test_parity.py`: 2 gloo processes, 8 MNIST images per rank, {STEPS} SGD steps; "
             f"the SyncBatchNorm scenarios {SYNCBN_STEPS}).",
             "",
@@ -125,10 +125,10 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from app.parity import compare
     from datamodules.mnist import ensure_mnist
+    from tools.parity import compare
 
-    parser = argparse.ArgumentParser(prog="python -m bench.parity", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.parity_report", description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", default="data", help="MNIST folder (fetched if missing)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for parity.{json,md}")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)

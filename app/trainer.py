@@ -1,0 +1,38 @@
+"""The CLI's ``Trainer``: Lightning's, with checkpoint saves that fail on every rank together."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning.fabric.utilities.types import _PATH
+from lightning.pytorch import Trainer as LightningTrainer
+
+from app.checkpoint import DiskFullError
+
+
+class Trainer(LightningTrainer):
+    """Lightning's ``Trainer`` (the CLI's ``trainer_class``) whose checkpoint saves fail on every rank together.
+
+    Only rank 0 writes a checkpoint, while the others wait at the barrier that follows. When rank 0's save finds
+    the disk full, Lightning's version would end rank 0 with a traceback, and the waiting ranks would then see a
+    peer that vanished (and report rank 0 as lost). Here rank 0 joins the barrier anyway and tells every rank
+    (one small broadcast per save), so each stops with the same :class:`DiskFullError` line.
+    """
+
+    def save_checkpoint(
+        self, filepath: _PATH, weights_only: bool | None = None, storage_options: Any | None = None
+    ) -> None:
+        if self.model is None:  # Lightning's own check, which the body below replaces
+            return super().save_checkpoint(filepath, weights_only, storage_options)
+        failure = None
+        # Lightning's Trainer.save_checkpoint, with the failure of rank 0's save shared after the barrier
+        with self.profiler.profile("save_checkpoint"):
+            checkpoint = self._checkpoint_connector.dump_checkpoint(weights_only)
+            try:
+                self.strategy.save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+            except DiskFullError as err:
+                failure = str(err.code)
+            self.strategy.barrier("Trainer.save_checkpoint")
+            failure = self.strategy.broadcast(failure, src=0)
+        if failure:
+            raise DiskFullError(failure)

@@ -2,7 +2,7 @@
 
 It wires, it does not compute: importing it registers the strategy names (``app.strategies``); ``--ckpt_path``
 checks and ``last`` are :mod:`app.checkpoint`'s, logger folders and run identity :mod:`app.loggers`', the plan
-:mod:`app.launch.preflight`'s, a user mistake (any :class:`~app.errors.UserError`) one ``error:`` line. The
+:mod:`app.launch.preflight`'s, a user mistake (any :class:`~core.errors.UserError`) one ``error:`` line. The
 ``--local-rank`` that ``python -m torch.distributed.launch`` adds is taken out of the arguments here.
 
 Configs: ``configs/base.yaml`` (the machinery: default callbacks, the ``--checkpoint`` group, checkpoint I/O, logger) is
@@ -33,7 +33,6 @@ from app.callbacks.hang_watch import apply_flight_recorder, effective_timeout
 from app.callbacks.hang_watch import install as install_hang_watch
 from app.checkpoint import (
     AtomicCheckpointIO,
-    Trainer,
     check_fits,
     checkpoint_estimate,
     evaluation_dirpath,
@@ -44,8 +43,6 @@ from app.checkpoint import (
     saved_hparams,
     weights_from_checkpoint,
 )
-from app.errors import UsageError, UserError, explain_parser_error, linked, one_line, parser_options, say
-from app.launch.env import detect, split_local_rank
 from app.launch.preflight import preflight
 from app.launch.rendezvous import apply_timeout, join_this_attempt, rendezvous_errors_explained
 from app.loggers import (
@@ -58,6 +55,9 @@ from app.loggers import (
 )
 from app.quiet import silence_known_noise
 from app.sync_batchnorm import with_sync_batchnorm
+from app.trainer import Trainer
+from core.env import detect, split_local_rank
+from core.errors import UsageError, UserError, explain_parser_error, linked, one_line, parser_options, say
 from modules import ImageClassifier
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,6 +115,13 @@ class CLI(LightningCLI):
             "keys on each logging step.",
         )
         parser.add_argument(
+            "--stacks_on",
+            type=str | None,
+            default=None,
+            help="In a recipe file: the recipe it varies, relative to the file, loaded before it (configs/"
+            "imagenet_apex.yaml: `stacks_on: imagenet.yaml`), so that it states only what differs.",
+        )
+        parser.add_argument(
             "--trust_checkpoint",
             type=bool,
             default=False,
@@ -125,7 +132,7 @@ class CLI(LightningCLI):
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         # Lightning's version warns when both ``args`` and ``sys.argv`` hold arguments: the normal case for the
-        # tools that build a run with ``main(ARGS, run=False)`` from their own command line (app.parity, bench).
+        # tools that build a run with ``main(ARGS, run=False)`` from their own command line (tools.parity, bench).
         try:
             self.config = parser.parse_object(args) if isinstance(args, (dict, Namespace)) else parser.parse_args(args)
         except ArgumentError as err:  # jsonargparse's message is the whole usage text; ours names the closest option
@@ -147,6 +154,7 @@ class CLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self._subcommand_config()
+        config.stacks_on = None  # loaded already (default_config_files); the run's saved config.yaml is whole
         write_to_run_dir(config)
         last = resolve_last(config, self.subcommand) or resume_torchrun_job(config, self.subcommand, detect())
         if last is not None and self.subcommand == "fit":
@@ -214,7 +222,7 @@ def main(args: list[str] | None = None, run: bool = True, cli_class: type[CLI] |
     """Parses ``args`` (default: ``sys.argv``) on top of :func:`default_config_files` and runs the subcommand.
 
     With ``run=False`` there is no subcommand: the classes are only instantiated (used by tests and tools).
-    ``cli_class`` replaces :class:`CLI` (``app.slurm`` parses a command with it without running anything).
+    ``cli_class`` replaces :class:`CLI` (``tools.slurm`` parses a command with it without running anything).
     """
     # allow_abbrev=False, on the subcommand parsers AND the main one: a typo such as --trainer.max_epoch is an error,
     # not silently taken for --trainer.max_epochs. Running as the command (run=True), parser errors reach
@@ -223,8 +231,8 @@ def main(args: list[str] | None = None, run: bool = True, cli_class: type[CLI] |
     silence_known_noise()
     args = run_dir_for_loggers(accept_local_rank(sys.argv[1:] if args is None else args))
     strict = {"allow_abbrev": False, "exit_on_error": not run}
-    defaults = {"default_config_files": default_config_files(args), **strict}
     with user_errors_explained() if run else contextlib.nullcontext():
+        defaults = {"default_config_files": default_config_files(args), **strict}
         return (cli_class or CLI)(
             ImageClassifier,
             LightningDataModule,
@@ -240,24 +248,44 @@ def main(args: list[str] | None = None, run: bool = True, cli_class: type[CLI] |
 
 
 def default_config_files(args: list[str]) -> list[str]:
-    """``configs/base.yaml``, then ``configs/mnist.yaml`` unless a ``--config`` file in ``args`` is a recipe of its own.
+    """``configs/base.yaml``, then the recipes the ``--config`` files in ``args`` stack on, else ``configs/mnist.yaml``.
 
     A recipe names its data (``data.class_path``: configs/imagenet.yaml, a run's saved config.yaml) and states what
     it trains from the class defaults, so it does not undo MNIST's settings; any other config (strategy/,
-    precision/, logger/, a file that only sets ``data.init_args``) stacks on the default recipe.
+    precision/, logger/, a file that only sets ``data.init_args``) stacks on the default recipe. A recipe that
+    varies another says so with ``stacks_on: imagenet.yaml`` (relative to itself): that one is loaded before it, so
+    it states only what differs (configs/imagenet_apex.yaml). jsonargparse's own nested ``config:`` key cannot do
+    this: the nested file's groups are replaced, not merged, by the outer file's.
     """
     given = [args[i + 1] for i, arg in enumerate(args[:-1]) if arg in ("--config", "-c")]
     given += [arg.partition("=")[2] for arg in args if arg.startswith("--config=")]
-    return [str(BASE_CONFIG)] + ([] if any(_is_recipe(path) for path in given) else [str(DEFAULT_RECIPE)])
+    recipes = [path for path in given if _is_recipe(path)]
+    bases = [base for path in recipes for base in _stacked_on(Path(path))]
+    return [str(BASE_CONFIG)] + (bases if recipes else [str(DEFAULT_RECIPE)])
 
 
-def _is_recipe(path: str) -> bool:
+def _read_yaml(path: str | Path) -> dict:
     try:
         config = yaml.safe_load(Path(path).read_text())
     except (OSError, ValueError, yaml.YAMLError):  # the parser reports a missing or broken file
-        return False
-    data = config.get("data") if isinstance(config, dict) else None
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def _is_recipe(path: str) -> bool:
+    data = _read_yaml(path).get("data")
     return isinstance(data, dict) and "class_path" in data
+
+
+def _stacked_on(path: Path) -> list[str]:
+    """The recipes ``path`` stacks on, the first to load first (``stacks_on``, followed to its own base)."""
+    base = _read_yaml(path).get("stacks_on")
+    if not base:
+        return []
+    target = (path.parent / base).resolve()
+    if not target.is_file():
+        raise UsageError(f"stacks_on: {base} in {path}: no such file. Fix: a recipe's path relative to {path.parent}.")
+    return [*_stacked_on(target), str(target)]
 
 
 def default_callbacks(config: Namespace, given: list[Callback]) -> list[Callback]:
@@ -291,7 +319,7 @@ def user_errors_explained() -> Iterator[None]:
     Every rank runs the same checks (preflight, the DataModule's ``setup``), so each stops on its own; a rank that
     still waits for one that left is told so by ``app.callbacks.LostRank``. ``PreflightError`` (a ``SystemExit``
     carrying its ``error: ...`` message) gets only the link to its section of the troubleshooting page, as every
-    ``error:`` line does (:func:`app.errors.linked`).
+    ``error:`` line does (:func:`core.errors.linked`).
     """
     try:
         yield

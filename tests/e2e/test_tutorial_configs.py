@@ -53,6 +53,19 @@ def test_imagenet_apex_resolves_to_the_apex_recipe(capsys):
     assert model["lr_scheduler_interval"] == "epoch"
     assert (data["batch_size"], data["image_size"], data["normalize_on_device"]) == (256, 224, True)
 
+    apex = yaml.safe_load((ROOT / "configs/imagenet_apex.yaml").read_text())
+    assert "optimizer" not in apex["model"] and "max_epochs" not in apex["trainer"]  # imagenet.yaml's, not restated
+
+
+def test_a_recipe_that_stacks_on_a_missing_file_names_it(tmp_path, capsys):
+    recipe = tmp_path / "mine.yaml"
+    recipe.write_text("stacks_on: imagenet_typo.yaml\ndata:\n  class_path: datamodules.ImageNetDataModule\n")
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", "--config", str(recipe), "--print_config"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: stacks_on: imagenet_typo.yaml in {recipe}: no such file" in err
+
 
 @pytest.mark.distributed
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """Input pipeline per CPU core: ``python -m bench.loader`` (img/s of the ImageNet training transform, one core).
 
 Generates ImageNet-like JPEGs (about 500x375, quality 90, ~100 KB, like the ILSVRC training set's median image) from
-the real photos the tests use (``tests/unit/test_imagenet.py``), by random crops, scales and flips, then measures one
+the real photos the tests use (``tools/photos.py``), by random crops, scales and flips, then measures one
 process with one thread reading, decoding and transforming each file exactly as the training loader does
 (``datamodules.imagenet.classic_transforms``: RandomResizedCrop 224 + horizontal flip, then float + normalise, or
 uint8 with ``--uint8`` as ``normalize_on_device`` does), with two decoders:
@@ -42,9 +42,9 @@ def photo_files() -> list[Path]:
     machine without scikit-image, scikit-learn and matplotlib), else from those packages, as the tests take them."""
     if os.environ.get("BENCH_PHOTOS"):
         return sorted(p for p in Path(os.environ["BENCH_PHOTOS"]).iterdir() if p.is_file())
-    from tests.unit.test_imagenet import _photo_sources
+    from tools.photos import photo_sources
 
-    return [p for files in _photo_sources().values() for p in files]
+    return [p for files in photo_sources().values() for p in files]
 
 
 def export_photos(folder: str | Path) -> None:

@@ -6,10 +6,11 @@ with ``--ckpt_path last``, and whether every rank trained the same samples, per 
     python -m bench.resume_exact before --app ../before         # the legs below driving an older checkout's app
     python -m bench.resume_exact --table                        # both -> bench/results/resume_exact.md
 
-The legs are those of ``tests/distributed/test_resume_anywhere.py`` (real CLI, real signal), every scenario it tests:
+The legs are :mod:`tools.resume_legs`, those of ``tests/distributed/test_resume_anywhere.py`` (real CLI, real signal),
+every scenario it tests:
 one device in this process, the 2-process ones (its ``SCENARIOS``) in one gloo torchrun job. ``issue_*``: the issue's
 scenario, 12 batches per epoch, stopped after global step 17. ``--app``: ``app``, ``datamodules``, ``modules`` and
-``configs`` come from that checkout; ``bench`` and ``tests`` (the legs, the probe callbacks) from this one.
+``configs`` come from that checkout; ``bench`` and ``tools`` (the legs, the probe callbacks) from this one.
 """
 
 from __future__ import annotations
@@ -39,17 +40,17 @@ ISSUE_DDP = {"issue_ddp_w2": (["--trainer.strategy", "ddp"], 2, 12, 17, False)}
 
 
 def use_app(checkout: str | None) -> None:
-    """Imports ``app``, ``datamodules``, ``modules`` (and reads ``configs``) from ``checkout`` from now on; ``tests``
-    is bound to this checkout first, so its modules keep coming from here."""
+    """Imports ``app``, ``datamodules``, ``modules`` (and reads ``configs``) from ``checkout`` from now on; ``tools``
+    is bound to this checkout first, so the legs keep coming from here."""
     if checkout:
-        import tests  # noqa: F401
+        import tools  # noqa: F401
 
         sys.path.insert(0, checkout)
         os.chdir(checkout)
 
 
 def run(names: dict, out: Path, data: str, photos: str | None, ranks: int, extra: list[str]) -> dict:
-    from tests.distributed.test_resume_anywhere import imagenet_args, legs, mnist_args
+    from tools.resume_legs import imagenet_args, legs, mnist_args
 
     results = {}
     for name, (strategy, workers, batches, stop, imagenet) in names.items():
@@ -74,7 +75,7 @@ def without_signal(out: Path, data: str) -> dict:
     """
     import torch
 
-    from tests.distributed.test_resume_anywhere import STOP, fit, max_diff, mnist_args, trail
+    from tools.resume_legs import STOP, fit, max_diff, mnist_args, trail
 
     args = mnist_args(out, data, 0)
     every = [
@@ -108,7 +109,7 @@ def job(out: Path, data: str) -> None:
     use_app(os.environ.get("RESUME_EXACT_APP"))
     import torch.distributed as dist
 
-    from tests.distributed.test_resume_anywhere import SCENARIOS
+    from tools.resume_legs import SCENARIOS
 
     scenarios = {**ISSUE_DDP, **{name: (extra, workers, 6, 9, False) for name, (extra, workers) in SCENARIOS.items()}}
     results = run(scenarios, out, data, None, 2, ["--trainer.devices", "2", "--launch.timeout", "120"])
@@ -186,7 +187,7 @@ def main() -> None:
     app = str(Path(args.app).resolve()) if args.app else None
     shutil.rmtree(out, ignore_errors=True)  # the legs read version_0 and append to the sample logs
     use_app(app)
-    from tests.unit.test_imagenet import build_photo_imagenet
+    from tools.photos import build_photo_imagenet
 
     photos = str(build_photo_imagenet(out / "photos"))
     sys.argv = sys.argv[:1]  # the CLI legs parse their own arguments

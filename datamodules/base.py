@@ -106,7 +106,8 @@ def workers_warning(num_workers: int, processes_per_node: int, cpus: int | None 
 
 
 class ImageDataModule(LightningDataModule):
-    """Base of the app's DataModules: per-device batch semantics, ``global_batch_size``, exact evaluation.
+    """Base of the app's DataModules (each meets :class:`core.datamodule.ImageData`): per-device batch semantics,
+    ``global_batch_size``, exact evaluation.
 
     Subclasses build their datasets in ``setup()`` (calling ``super().setup(stage)`` first) and their loaders with
     :meth:`_loader`.
@@ -136,7 +137,14 @@ class ImageDataModule(LightningDataModule):
         self.num_workers = num_workers  # an int once setup() has resolved "auto"
         self.batch_plan: BatchPlan | None = None
 
+    # core.datamodule.ImageData's defaults; a subclass sets num_classes and in_channels, and overrides what differs
+    input_shape: tuple[int, ...] | None = None
     random_transforms = False  # True where the training transforms draw random numbers (crops, flips)
+
+    @classmethod
+    def config_problems(cls, init_args: Any) -> list[str]:
+        """This class's checks of its ``data.init_args`` before it is built (the preflight asks); none here."""
+        return []
 
     @property
     def global_batch_size(self) -> int | None:

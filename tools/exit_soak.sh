@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 n=${1:-50}
 dir=${SOAK_DIR:-$(mktemp -d /tmp/exit-soak.XXXX)}
 python=${PYTHON:-.venv/bin/python}
-$python -c "from pathlib import Path; from tests.unit.test_imagenet import build_photo_imagenet as b; b(Path('$dir/imagenet'), max_side=96)"
+$python -c "from pathlib import Path; from tools.photos import build_photo_imagenet as b; b(Path('$dir/imagenet'), max_side=96)"
 bad=0
 for i in $(seq 1 "$n"); do
   rm -rf "$dir/run"

@@ -1,6 +1,6 @@
 """What ``make gpu-wheels`` prepares for the GPU machine, with the standard library only (no ``.venv`` needed).
 
-- ``photos WHEELS DEST``: the real photos the tests use (``tests/unit/test_imagenet.py``'s ``_photo_sources``), taken
+- ``photos WHEELS DEST``: the real photos the tests use (``tools/photos.py``'s ``photo_sources``), taken
   out of the scikit-image, scikit-learn and matplotlib wheels in ``WHEELS`` into ``DEST`` (``$BENCH_PHOTOS`` for
   ``bench.loader``): the GPU image has none of those packages.
 - ``mnist RAW``: gzips the four MNIST files in ``RAW`` in place (each checked by decompressing it, then the raw file
@@ -15,7 +15,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-# the members of the wheels, as _photo_sources names them in the installed packages
+# the members of the wheels, as photo_sources names them in the installed packages
 PHOTOS = (
     "skimage/data/chelsea.png", "skimage/data/coffee.png", "skimage/data/rocket.jpg",
     "skimage/data/motorcycle_left.png", "skimage/data/motorcycle_right.png", "skimage/data/astronaut.png",

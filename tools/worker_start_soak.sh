@@ -15,7 +15,7 @@ stall=${STALL_S:-150}
 (cd "$app" && PYTHONPATH="$app" $python -c "
 from pathlib import Path
 from datamodules.shards import Options, convert
-from tests.unit.test_imagenet import build_photo_imagenet
+from tools.photos import build_photo_imagenet
 convert(build_photo_imagenet(Path('$dir/photos')), Path('$dir/shards'), Options(shard_images=4), progress=False)")
 bad=0
 for i in $(seq 1 "$n"); do

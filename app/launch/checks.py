@@ -236,8 +236,9 @@ def config_problems(config: Any) -> list[str]:
 
 
 def data_problems(config: Any) -> list[str]:
-    """The DataModule's own checks of its arguments (its ``config_problems(init_args)``, when it has one), before it
-    is built: an error raised while jsonargparse builds it would arrive inside its union's long message."""
+    """The DataModule's own checks of its arguments (``core.datamodule.ImageData.config_problems``; a DataModule
+    that is not one has none), before it is built: an error raised while jsonargparse builds it would arrive inside
+    its union's long message."""
     import importlib
 
     data = config.get("data")

@@ -21,7 +21,7 @@ import pytest
 from lightning.pytorch import Callback
 
 from tests.conftest import ROOT
-from tests.unit.test_imagenet import build_photo_imagenet
+from tools.photos import build_photo_imagenet
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 RUNS = 2  # one per launcher; the suite's other 2-process jobs end cleanly too (their exit status is asserted) and

@@ -27,7 +27,7 @@ def _fit_args(root: Path, data_dir: Path, workers: int, pause: float = 0.0) -> l
         "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu",
         "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "400", "--trainer.limit_val_batches", "1",
         "--trainer.enable_progress_bar", "false", "--launch.timeout", "120",
-        "--trainer.callbacks+=tests.resume_probe.SampleLog", f"--trainer.callbacks.folder={root}",
+        "--trainer.callbacks+=tools.resume_probe.SampleLog", f"--trainer.callbacks.folder={root}",
         f"--trainer.callbacks.pause={pause}",
     ]  # fmt: skip
 

@@ -17,7 +17,7 @@ import torch
 from datamodules.imagenet import ImageNetDataModule
 from modules import ImageClassifier
 from tests.conftest import run_cli
-from tests.unit.test_imagenet import build_photo_imagenet
+from tools.photos import build_photo_imagenet
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

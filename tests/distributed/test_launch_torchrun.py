@@ -17,12 +17,12 @@ import torch
 from datamodules.base import auto_workers, available_cpus
 from tests.conftest import ROOT, free_port, port_taken
 from tests.distributed.test_faults import HEARTBEAT, beats
-from tests.resume_probe import per_step
 from tests.troubleshooting import assert_documented
 from tests.wandb_reader import offline_runs, requires_wandb, tensorboard_scalars
+from tools.resume_probe import per_step
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
-PROBE = "tests.resume_probe.SampleLog"
+PROBE = "tools.resume_probe.SampleLog"
 
 
 def fit_args(mnist_dir, root, *extra: str) -> list[str]:

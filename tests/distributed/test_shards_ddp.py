@@ -6,7 +6,7 @@ import pytest
 
 from datamodules.shards import Options, convert
 from tests.conftest import run_cli
-from tests.unit.test_imagenet import build_photo_imagenet
+from tools.photos import build_photo_imagenet
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

@@ -4,7 +4,7 @@ uninterrupted run; each epoch trains every image exactly once, and the epoch aft
 permutation, not a replay of the resumed epoch's tail (litdata's stale restore flag does replay it:
 ``../shared/notes/sharded-data.md``, trap 2; ``tests/sabotage/resume_offset_kept_into_next_epoch.patch``).
 
-Which image a recorded sample is: ``tests.resume_probe.SampleLog`` records a digest of each sample's pixels after its
+Which image a recorded sample is: ``tools.resume_probe.SampleLog`` records a digest of each sample's pixels after its
 crop and flip, and those are a function of (seed, epoch, image) only (``datamodules.resumable.SeededDataset``). So
 the training set itself, read here in this process with the run's seed, gives every (epoch, image) its digest, and
 each recorded digest names its image without relying on the sampler under test.
@@ -26,9 +26,9 @@ import pytest
 from datamodules import ImageNetDataModule
 from datamodules.resumable import SeededDataset
 from datamodules.shards import Options, convert
-from tests.distributed.test_resume_anywhere import imagenet_args, legs
-from tests.resume_probe import read_samples
-from tests.unit.test_imagenet import build_photo_imagenet
+from tools.photos import build_photo_imagenet
+from tools.resume_legs import imagenet_args, legs
+from tools.resume_probe import read_samples
 
 SEED, EPOCHS, STOP, BATCH = 7, 2, 2, 3  # 18 images, 3 per device: 6 batches per epoch on 1 device, 3 on 2
 IMAGES = 18

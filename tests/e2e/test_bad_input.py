@@ -17,7 +17,7 @@ from app.cli import main
 from datamodules.mnist import FILES, find_file
 from tests.conftest import run_cli
 from tests.troubleshooting import assert_documented
-from tests.unit.test_imagenet import build_photo_imagenet
+from tools.photos import build_photo_imagenet
 
 FAST = [
     "--trainer.accelerator", "cpu", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2",

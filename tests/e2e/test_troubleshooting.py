@@ -18,7 +18,7 @@ import torch
 from app.cli import main
 from tests.conftest import ROOT, run_cli
 from tests.troubleshooting import assert_documented
-from tests.unit.test_imagenet import build_photo_imagenet
+from tools.photos import build_photo_imagenet
 
 CPU = ["--trainer.accelerator", "cpu"]
 FAST = [

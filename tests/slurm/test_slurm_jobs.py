@@ -12,9 +12,9 @@ import torch
 from lightning.pytorch import Callback
 
 from app.callbacks import SLURMRequeue
-from tests.resume_probe import per_step
 from tests.slurm.conftest import ROOT, job_info, skip_or_fail, submit, wait_job
 from tests.wandb_reader import offline_runs, requires_wandb
+from tools.resume_probe import per_step
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -44,7 +44,7 @@ def fit_args(mnist_dir: Path, root: Path, epochs: int = EPOCHS, batches: int = B
         "fit", "--data.data_dir", str(mnist_dir), "--trainer.default_root_dir", str(root),
         "--trainer.max_epochs", str(epochs), "--trainer.limit_train_batches", str(batches),
         "--trainer.limit_val_batches", "5", "--trainer.enable_progress_bar", "false",
-        "--trainer.callbacks+=tests.resume_probe.SampleLog", f"--trainer.callbacks.folder={root}",
+        "--trainer.callbacks+=tools.resume_probe.SampleLog", f"--trainer.callbacks.folder={root}",
     ]  # fmt: skip
 
 

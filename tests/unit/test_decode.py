@@ -13,7 +13,8 @@ from torchvision.transforms.v2.functional import pil_to_tensor
 from datamodules.decode import decode, decode_for, min_side_for
 from datamodules.imagenet import ImageNetDataError, ImageNetDataModule, classic_transforms
 from tests.e2e.test_bad_input import IMAGENET, cli  # noqa: F401  (the in-process CLI fixture)
-from tests.unit.test_imagenet import _photo_sources, photos  # noqa: F401  (the real-photo ImageFolder fixture)
+from tests.unit.test_imagenet import photos  # noqa: F401  (the real-photo ImageFolder fixture)
+from tools.photos import photo_sources
 
 
 def _jpeg(image: Image.Image, quality: int = 90) -> bytes:
@@ -24,7 +25,7 @@ def _jpeg(image: Image.Image, quality: int = 90) -> bytes:
 
 @pytest.fixture(scope="module")
 def rocket() -> Image.Image:
-    return Image.open(_photo_sources()["rocket"][0]).convert("RGB")  # 640x427
+    return Image.open(photo_sources()["rocket"][0]).convert("RGB")  # 640x427
 
 
 def test_jpeg_through_torchcodec_matches_pil_and_other_formats_and_refused_files_go_to_pil(rocket):

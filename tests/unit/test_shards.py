@@ -23,13 +23,13 @@ from datamodules.resumable import ResumableSampler
 from datamodules.shards import Options, ShardDataset, ShardsError, convert, main
 from modules import ImageClassifier
 from tests.conftest import ROOT
-from tests.unit.test_imagenet import _photo_sources, build_photo_imagenet
+from tools.photos import build_photo_imagenet, photo_sources
 
 
 def build_crops(root: Path, per_class: int = 40, val_per_class: int = 5, size: tuple[int, int] = (160, 120)) -> Path:
     """``root/{train,val}/<class>/*.jpg``: random crops (scale, position, flip) of each class's real photos."""
     rng = random.Random(0)
-    for cls, files in _photo_sources().items():
+    for cls, files in photo_sources().items():
         photos = [Image.open(f).convert("RGB") for f in files]
         for split, count in (("train", per_class), ("val", val_per_class)):
             (root / split / cls).mkdir(parents=True, exist_ok=True)
@@ -63,7 +63,7 @@ def _sha(path: Path) -> str:
 
 def test_convert_writes_shuffled_shards_a_manifest_and_the_source_bytes(crops, converted, tmp_path):
     manifest = json.loads((converted / "manifest.json").read_text())
-    assert manifest["classes"] == sorted(_photo_sources())  # labels from the sorted class folders
+    assert manifest["classes"] == sorted(photo_sources())  # labels from the sorted class folders
     assert manifest["source"] == str(crops.resolve()) and manifest["options"]["shard_images"] == 50
     train = manifest["splits"]["train"]
     assert train["images"] == 240 and [s["images"] for s in train["shards"]] == [50, 50, 50, 50, 40]

@@ -21,7 +21,7 @@ from datamodules import ImageNetDataModule, MNISTDataModule
 from datamodules.base import worker_context
 from datamodules.resumable import SeededDataset
 from datamodules.shards import Options, convert
-from tests.unit.test_imagenet import build_photo_imagenet
+from tools.photos import build_photo_imagenet
 
 pytestmark = pytest.mark.slow  # a forkserver starts (and imports torch) once per process: seconds
 

@@ -62,7 +62,7 @@ def read_samples(folder: Path, rank: int) -> list[dict]:
 
 
 def per_step(root: Path, rank: int) -> list:
-    """The samples each global step of ``rank`` trained on (``tests.resume_probe.SampleLog``; the last record of a step
+    """The samples each global step of ``rank`` trained on (``tools.resume_probe.SampleLog``; the last record of a step
     trained again after a restart)."""
     steps = {line["step"]: (line["epoch"], line["batch"], line["samples"]) for line in read_samples(root, rank)}
     assert sorted(steps) == list(range(len(steps))), sorted(steps)

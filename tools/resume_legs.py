@@ -1,0 +1,113 @@
+"""The legs of a mid-epoch resume check, shared by ``tests/distributed/test_resume_anywhere.py`` and
+``bench/resume_exact.py``: the uninterrupted run, the same run stopped by a real SIGTERM after a mid-epoch global step,
+and its resume with ``--ckpt_path last``, each through the app's real CLI with the probe callbacks of
+:mod:`tools.resume_probe` (the samples each rank trained on, the signal)."""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+import torch
+
+from tools.resume_probe import read_samples
+
+PROBE, SIGNAL = "tools.resume_probe.SampleLog", "tools.resume_probe.SignalAt"
+STOP = 9  # 2 epochs x 6 batches: global step 9 is epoch 1, batch 3
+
+
+EPOCH_VALUES = ("train/loss_epoch", "train/acc1_epoch", "train/acc5_epoch")
+
+
+def mnist_args(root: Path, data_dir: str, workers: int) -> list[str]:
+    return [
+        "--data.data_dir", data_dir, "--data.batch_size", "8", "--data.num_workers", str(workers),
+        "--model.arch", "mnist_cnn",  # dropout: the generators' states matter
+    ]  # fmt: skip
+
+
+def imagenet_args(root: Path, photos: str, workers: int) -> list[str]:
+    return [
+        "--config", "configs/imagenet.yaml", "--data.data_dir", photos, "--model.arch", "resnet18",
+        "--data.image_size", "32", "--data.batch_size", "3", "--data.num_workers", str(workers),
+        "--trainer.devices", "1", "--model.optimizer.init_args.lr", "0.01",
+    ]  # fmt: skip
+
+
+def fit(root: Path, data: list[str], extra: list[str], batches: int = 6):
+    from app.cli import main
+
+    return main([
+        "fit", *data, "--trainer.default_root_dir", str(root), "--seed_everything", "7", "--trainer.max_epochs", "2",
+        "--trainer.limit_train_batches", str(batches), "--trainer.limit_val_batches", "1",
+        "--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false",
+        "--trainer.enable_model_summary", "false",
+        f"--trainer.callbacks+={PROBE}", f"--trainer.callbacks.folder={root}", *extra,
+    ])  # fmt: skip
+
+
+def max_diff(a: dict, b: dict) -> float:
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def legs(workdir: Path, data: list[str], extra: list[str], ranks: int, stop: int = STOP, batches: int = 6) -> dict:
+    """Uninterrupted, stopped by SIGTERM (rank 0 signals itself), resumed: what a user would compare.
+
+    ``batches`` per epoch (2 epochs); the stop after global step ``stop``."""
+    # The earlier legs' trainers sit in reference cycles with their models and datasets; the collector's own schedule
+    # (it counts objects, not bytes) let a job of 8 scenarios grow each rank past 5 GB.
+    gc.collect()
+    full = fit(workdir / "full", data, extra, batches)
+    code = None
+    try:
+        signal = [f"--trainer.callbacks+={SIGNAL}", f"--trainer.callbacks.step={stop}"]
+        fit(workdir / "stopped", data, [*extra, *signal], batches)
+    except SystemExit as stop_exit:
+        code = stop_exit.code
+    last = workdir / "stopped" / "version_0" / "checkpoints" / "last.ckpt"
+    saved = torch.load(last, weights_only=True)
+    kept = workdir / "stopped.ckpt"  # the resumed run replaces last.ckpt
+    kept.write_bytes(last.read_bytes())
+    resumed = fit(workdir / "stopped", data, [*extra, "--ckpt_path", "last"], batches)
+    samples = {}
+    for rank in range(ranks):
+        a, b = read_samples(workdir / "full", rank), read_samples(workdir / "stopped", rank)
+        samples[rank] = {
+            "same": [(x["epoch"], x["batch"], x["samples"]) for x in a]
+            == [(x["epoch"], x["batch"], x["samples"]) for x in b],
+            "trained": len(a),
+            "recorded": len(b),
+            # the interrupted epoch: each of its samples exactly once in the stopped + resumed runs
+            "epoch1_repeats": (lambda s: len(s) - len(set(s)))([d for x in b if x["epoch"] == 1 for d in x["samples"]]),
+        }  # fmt: skip
+    return {
+        "exit": code,
+        "saved_step": saved["global_step"],
+        "saved_epoch": saved["epoch"],
+        "loader_state": saved["loops"]["fit_loop"]["state_dict"].get("combined_loader"),
+        "steps": [full.trainer.global_step, resumed.trainer.global_step],
+        "max_diff": max_diff(full.model.state_dict(), resumed.model.state_dict()),
+        # the last epoch's training values (the interrupted epoch, in check's scenarios), as logged
+        "epoch_values": [
+            {k: float(run.trainer.callback_metrics[k]) for k in EPOCH_VALUES if k in run.trainer.callback_metrics}
+            for run in (full, resumed)
+        ],
+        "samples": samples,
+        "stopped_ckpt": str(kept),
+    }
+
+
+def trail(folder: Path, rank: int = 0) -> list[tuple]:
+    return [(x["epoch"], x["batch"], x["samples"]) for x in read_samples(folder, rank)]
+
+
+SCENARIOS = {
+    "ddp_w0": (["--trainer.strategy", "ddp"], 0),
+    "ddp_w2": (["--trainer.strategy", "ddp"], 2),
+    "allreduce_w2": (["--trainer.strategy", "allreduce"], 2),
+    "allreduce_overlap_w0": (["--trainer.strategy", "allreduce_overlap"], 0),
+    "allreduce_per_param_w0": (["--trainer.strategy", "allreduce_per_param"], 0),
+    "allreduce_fp16_w0": (["--trainer.strategy", "allreduce_fp16"], 0),  # rounded on the wire, the same way again
+    "allreduce_bf16_w0": (["--trainer.strategy", "allreduce_bf16"], 0),
+    "ddp_mp_w0": (["--trainer.strategy", "ddp_mp"], 0),  # on CPU every stage is the CPU: its DDP-over-stages path
+}

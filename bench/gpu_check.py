@@ -35,6 +35,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lightning.pytorch.strategies import StrategyRegistry
+
+from app.strategies.layout import declared_modes, layout_of
 from bench.common import RESULTS, ROOT, machine, machine_line
 
 CPU = os.environ.get("GPU_CHECK_CPU") == "1"
@@ -75,23 +78,36 @@ def fit_args(workdir: Path, name: str, extra: list[str]) -> list[str]:
 
 # name, extra cli.py arguments, GPU time box (s), what it proves, why it cannot run on a CPU (None: it can)
 WORLD1 = "the strategy's wiring on one CUDA device; no multi-device code (scatter/gather, stage hand-off, all-reduce)"
-FITS: list[tuple[str, list[str], float, str, str | None]] = [
-    ("mode single device", ["--trainer.strategy", "auto"], 35, "the baseline: TF32 on, cudnn.benchmark", None),
-    ("mode dp (1 GPU)", ["--trainer.strategy", "dp"], 18, WORLD1, None),
-    ("mode ddp (NCCL, world 1)", ["--trainer.strategy", "ddp"], 18, f"NCCL starts; {WORLD1}", None),
-    ("mode allreduce (NCCL, world 1)", ["--trainer.strategy", "allreduce"], 18, f"NCCL starts; {WORLD1}", None),
-    (
-        "mode ddp_mp (1 device per process)",
-        [
-            "--config",
-            str(ROOT / "configs/strategy/ddp_mp.yaml"),
-            "--trainer.strategy.init_args.devices_per_process",
-            "1",
-        ],
-        18,
-        WORLD1,
-        None,
-    ),  # fmt: skip
+Fit = tuple[str, list[str], float, str, str | None]
+
+
+def mode_fits() -> list[Fit]:
+    """One fit per strategy class the registry declares (``declared_modes(variants=False)``), each on one device,
+    after the single-device baseline: a new mode is checked here without an edit. A mode whose processes need GPUs
+    of their own (``ddp_mp``) runs with one device per process."""
+    import app.strategies  # noqa: F401  (registers the app's strategy names)
+
+    fits: list[Fit] = [
+        ("mode single device", ["--trainer.strategy", "auto"], 35, "the baseline: TF32 on, cudnn.benchmark", None)
+    ]
+    for name in declared_modes(variants=False):
+        layout = layout_of(name, 1)
+        if layout.one_process:
+            fits.append((f"mode {name} (1 GPU)", ["--trainer.strategy", name], 18, WORLD1, None))
+        elif layout.needs_process_gpus:
+            cls = StrategyRegistry[name]["strategy"]  # a class takes arguments, a registered name does not
+            one = [f"--trainer.strategy={cls.__module__}.{cls.__qualname__}"]
+            one += ["--trainer.strategy.init_args.devices_per_process", "1"]
+            fits.append((f"mode {name} (1 device per process)", one, 18, WORLD1, None))
+        else:
+            fits.append(
+                (f"mode {name} (NCCL, world 1)", ["--trainer.strategy", name], 18, f"NCCL starts; {WORLD1}", None)
+            )
+    return fits
+
+
+FITS: list[Fit] = [
+    *mode_fits(),
     (
         "precision 16-mixed (GradScaler)",
         ["--trainer.precision", "16-mixed"],
@@ -111,10 +127,22 @@ FITS: list[tuple[str, list[str], float, str, str | None]] = [
     ("channels_last", ["--model.channels_last", "true"], 18, "NHWC weights and inputs on cuDNN", None),
 ]
 RESUME_BOX_S = 40  # two runs, the first saving last.ckpt
-TWO_NODES = [  # 2 processes on the one GPU: gloo with CUDA tensors
-    ("mode ddp (2 processes, gloo)", ["--config", str(ROOT / "configs/strategy/ddp.yaml")]),
-    ("mode allreduce (2 processes, gloo)", ["--config", str(ROOT / "configs/strategy/allreduce.yaml")]),
-]
+
+
+def two_process_fits() -> list[tuple[str, list[str]]]:
+    """2 processes on the one GPU (gloo with CUDA tensors): every declared strategy class with one device per process
+    (not ``dp``'s one process, not ``ddp_mp``'s GPUs per process), given as its class so that it takes the backend."""
+    fits = []
+    for name in declared_modes(variants=False):
+        layout, cls = layout_of(name, 1), StrategyRegistry[name]["strategy"]
+        if not (layout.one_process or layout.needs_process_gpus):
+            fits.append(
+                (f"mode {name} (2 processes, gloo)", [f"--trainer.strategy={cls.__module__}.{cls.__qualname__}"])
+            )
+    return fits
+
+
+TWO_NODES = two_process_fits()
 PAIR_BOX_S = 25  # per fit of the pair
 COMPILE = ("compile", ["--model.compile", "true"], 130, "torch.compile (inductor) of resnet18, then training",
            "torch.compile on a CPU needs a C++ toolchain and minutes")  # fmt: skip
@@ -241,10 +269,10 @@ def fits(ctx: Context) -> list[dict]:
     return [world1_agreement(read_rows(ctx.rows_path))]
 
 
-# the world-1 modes that draw the same batches: one process with the loader's RandomSampler, or Lightning's
-# DistributedSampler at world size 1 (another shuffle of the same seed): equal losses within each group
-SAME_BATCHES = {"single device": "RandomSampler", "dp": "RandomSampler", "ddp": "DistributedSampler",
-                "allreduce": "DistributedSampler", "ddp_mp": "DistributedSampler"}  # fmt: skip
+def same_batches(mode: str) -> str:
+    """The world-1 modes that draw the same batches: one process with the loader's RandomSampler, or Lightning's
+    DistributedSampler at world size 1 (another shuffle of the same seed): equal losses within each group."""
+    return "RandomSampler" if mode == "single device" or layout_of(mode, 1).one_process else "DistributedSampler"
 
 
 def world1_agreement(rows: list[dict]) -> dict[str, Any]:
@@ -255,7 +283,7 @@ def world1_agreement(rows: list[dict]) -> dict[str, Any]:
         mode = r["step"].removeprefix("mode ").split(" (")[0]
         loss = (r.get("facts") or {}).get("train/loss")
         if r["step"].startswith("mode ") and "2 processes" not in r["step"] and loss is not None:
-            groups.setdefault(SAME_BATCHES[mode], {})[r["step"]] = loss
+            groups.setdefault(same_batches(mode), {})[r["step"]] = loss
     row: dict[str, Any] = {"step": "world-1 modes end at the same loss", "facts": groups, "seconds": 0.0,
                            "proves": "the strategies change nothing of the arithmetic at world size 1"}  # fmt: skip
     spreads = {

@@ -7,10 +7,10 @@ with ``--ckpt_path last``, and whether every rank trained the same samples, per 
     python -m bench.resume_exact --table                        # both -> bench/results/resume_exact.md
 
 The legs are :mod:`tools.resume_legs`, those of ``tests/distributed/test_resume_anywhere.py`` (real CLI, real signal),
-every scenario it tests:
-one device in this process, the 2-process ones (its ``SCENARIOS``) in one gloo torchrun job. ``issue_*``: the issue's
-scenario, 12 batches per epoch, stopped after global step 17. ``--app``: ``app``, ``datamodules``, ``modules`` and
-``configs`` come from that checkout; ``bench`` and ``tools`` (the legs, the probe callbacks) from this one.
+every scenario it tests: one device in this process, the 2-process ones (``tools.resume_legs.scenarios``) in one gloo
+torchrun job. ``issue_*``: the issue's scenario, 12 batches per epoch, stopped after global step 17. ``--app``:
+``app``, ``datamodules``, ``modules`` and ``configs`` come from that checkout; ``bench`` and ``tools`` (the legs, the
+probe callbacks) from this one; its app must have ``app.strategies.layout.declared_modes``.
 """
 
 from __future__ import annotations
@@ -32,11 +32,27 @@ SINGLE = {
     "single_w0": ([], 0, 6, 9, False),
     "single_w2": ([], 2, 6, 9, False),
     "imagenet_photos_w2": ([], 2, 6, 9, True),
-    "dp_w0": (["--trainer.strategy", "dp"], 0, 6, 9, False),  # its CPU path: one process
     # the SIGTERM after step 3 lands inside an accumulation: the stop waits for step 4 (epoch 1, batch 1)
     "accumulate_2_w0": (["--trainer.accumulate_grad_batches", "2"], 0, 6, 4, False),
 }
-ISSUE_DDP = {"issue_ddp_w2": (["--trainer.strategy", "ddp"], 2, 12, 17, False)}
+
+
+# The modes come from the registry of the app bound by use_app, so ``app`` is imported inside these functions (an
+# ``--app`` checkout must have app.strategies.layout.declared_modes).
+def one_process_modes() -> dict:
+    """Every declared mode that runs one process (``dp``: its CPU path), in this process like the single device."""
+    import app.strategies  # noqa: F401  (registers the app's strategy names)
+    from app.strategies.layout import declared_modes, layout_of
+
+    one = [m for m in declared_modes() if layout_of(m).one_process]
+    return {f"{m}_w0": (["--trainer.strategy", m], 0, 6, 9, False) for m in one}
+
+
+def issue_ddp() -> dict:
+    """The issue's 2-process scenario on the reference mode, 12 batches per epoch, stopped after step 17."""
+    from app.strategies.layout import REFERENCE
+
+    return {f"issue_{REFERENCE}_w2": (["--trainer.strategy", REFERENCE], 2, 12, 17, False)}
 
 
 def use_app(checkout: str | None) -> None:
@@ -109,10 +125,10 @@ def job(out: Path, data: str) -> None:
     use_app(os.environ.get("RESUME_EXACT_APP"))
     import torch.distributed as dist
 
-    from tools.resume_legs import SCENARIOS
+    from tools.resume_legs import scenarios
 
-    scenarios = {**ISSUE_DDP, **{name: (extra, workers, 6, 9, False) for name, (extra, workers) in SCENARIOS.items()}}
-    results = run(scenarios, out, data, None, 2, ["--trainer.devices", "2", "--launch.timeout", "120"])
+    two = {name: (extra, workers, 6, 9, False) for name, (extra, workers) in scenarios().items()}
+    results = run({**issue_ddp(), **two}, out, data, None, 2, ["--trainer.devices", "2", "--launch.timeout", "120"])
     if dist.get_rank() == 0:
         (out / "results.json").write_text(json.dumps(results))
     dist.barrier()
@@ -192,7 +208,10 @@ def main() -> None:
     photos = str(build_photo_imagenet(out / "photos"))
     sys.argv = sys.argv[:1]  # the CLI legs parse their own arguments
     jobs = distributed(out / "job", data, app)  # first: this process is small while the job runs
-    results = {**run(SINGLE, out / "single", data, photos, 1, []), **without_signal(out / "without_signal", data)}
+    results = {
+        **run({**SINGLE, **one_process_modes()}, out / "single", data, photos, 1, []),
+        **without_signal(out / "without_signal", data),
+    }
     results.update(jobs)
     results["_run"] = {"app": revision(app or str(ROOT))}
     (RESULTS / f"resume_exact_{args.label}.json").write_text(json.dumps(results, indent=1))

@@ -34,41 +34,42 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from app.strategies.layout import layout_of, parity_modes
+from app.strategies.layout import REFERENCE, declared_modes, layout_of
 from bench.common import RESULTS, batch_clock, figure, load_remark, machine_line, progress, run_job, summary
 from bench.common import report as report_results
 
-# mode -> (processes it uses, plain counterpart(s) its ratio is taken against, app strategy name or None)
-MODES: dict[str, tuple[int, tuple[str, ...], str | None]] = {
-    "plain_single": (1, (), None),
-    "plain_ddp": (2, (), None),
-    "plain_tutorial": (2, ("plain_ddp",), None),
-    "app_single": (1, ("plain_single",), "auto"),
-    "app_dp": (1, ("plain_single",), "dp"),
-    "app_ddp": (2, ("plain_ddp",), "ddp"),
-    # ddp with the default config's per-step callbacks (AMP health, throughput, signal and lost-rank checks,
-    # stragglers, the hang watch)
-    "app_ddp_callbacks": (2, ("app_ddp", "plain_ddp"), "ddp"),
-    "app_ddp_mp": (2, ("plain_ddp",), "ddp_mp"),
-    "app_allreduce_per_param": (2, ("app_ddp", "plain_tutorial"), "allreduce_per_param"),
-    "app_allreduce": (2, ("app_ddp", "plain_tutorial"), "allreduce"),
-    "app_allreduce_overlap": (2, ("app_ddp", "plain_tutorial"), "allreduce_overlap"),
-}
 
+def timed_modes() -> dict[str, tuple[int, tuple[str, ...], str | None]]:
+    """mode -> (processes it uses, plain counterpart(s) its ratio is taken against, app strategy name or None).
 
-def _with_the_other_exact_modes(modes: dict[str, tuple[int, tuple[str, ...], str | None]]) -> dict:
-    """Every registered mode that declares exact parity and is not in the table above is timed too (against app ddp
-    and plain DDP), so a new strategy shows up here without an edit."""
+    The plain PyTorch loops, the app on one device, then every mode the registry declares (``declared_modes``): a
+    one-process mode against the plain single-device loop, the reference ``ddp`` against plain DDP (and once more with
+    the default config's per-step callbacks: AMP health, throughput, signal and lost-rank checks, stragglers, the hang
+    watch), every other against the app's ``ddp`` and plain DDP, or the plain hand-averaging loop of the PyTorch
+    tutorial when it averages by hand. A new strategy shows up here without an edit."""
     import app.strategies  # noqa: F401  (registers the app's strategy names)
 
-    timed = {strategy for _, _, strategy in modes.values()}
-    for name in parity_modes("exact"):
-        if name not in timed:
-            modes[f"app_{name}"] = (1 if layout_of(name).one_process else 2, ("app_ddp", "plain_ddp"), name)
+    ref = f"app_{REFERENCE}"
+    modes: dict[str, tuple[int, tuple[str, ...], str | None]] = {
+        "plain_single": (1, (), None),
+        "plain_ddp": (2, (), None),
+        "plain_tutorial": (2, ("plain_ddp",), None),
+        "app_single": (1, ("plain_single",), "auto"),
+    }
+    for name in declared_modes():
+        layout = layout_of(name)
+        if layout.one_process:
+            modes[f"app_{name}"] = (1, ("plain_single",), name)
+        elif name == REFERENCE:
+            modes[ref] = (2, ("plain_ddp",), name)
+            modes[CALLBACKS] = (2, (ref, "plain_ddp"), name)
+        else:
+            modes[f"app_{name}"] = (2, (ref, "plain_tutorial" if layout.averages_by_hand else "plain_ddp"), name)
     return modes
 
 
-MODES = _with_the_other_exact_modes(MODES)
+CALLBACKS = f"app_{REFERENCE}_callbacks"
+MODES = timed_modes()
 MODELS = {"cnn": ("mnist_cnn", 1), "resnet18": ("resnet18", 3)}  # --models name -> (zoo arch, input channels)
 
 
@@ -194,7 +195,7 @@ def _group(task: dict, arch: str, channels: int, precision: str, device: torch.d
 
 def _default_callbacks(mode: str) -> list:
     """For ``app_ddp_callbacks``: the callbacks of ``configs/mnist.yaml`` that act on every training step."""
-    if mode != "app_ddp_callbacks":
+    if mode != CALLBACKS:
         return []
     from app.callbacks import AMPHealth, LostRank, RNGState, SIGTERMCheckpoint, SLURMRequeue, Stragglers, Throughput
     from app.callbacks.hang_watch import HangWatch

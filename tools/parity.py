@@ -39,7 +39,7 @@ import app.strategies  # noqa: F401  (registers the app's strategy names)
 from app import cli as app_cli
 from app.collectives import check_collectives
 from app.launch.group import end_process_group
-from app.strategies.layout import REFERENCE, layout_of, parity_modes
+from app.strategies.layout import REFERENCE, declared_modes, layout_of, parity_modes
 from app.sync_batchnorm import with_sync_batchnorm
 from tools.torchrun import run_torchrun_job
 
@@ -402,7 +402,7 @@ def _check_modes(parser: argparse.ArgumentParser, modes: list[str]) -> None:
 
     unknown = [m for m in modes if m not in StrategyRegistry or layout_of(m).one_process]
     if unknown:
-        known = {k for k in StrategyRegistry if k.startswith(("ddp", "allreduce"))} | set(parity_modes())
+        known = {m for m in declared_modes() if not layout_of(m).one_process}
         parser.error(
             f"--modes: {', '.join(unknown)} cannot be compared here (dp joins by itself when 2+ GPUs exist). "
             f"Choose from: {', '.join(sorted(known))}"

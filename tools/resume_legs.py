@@ -101,13 +101,17 @@ def trail(folder: Path, rank: int = 0) -> list[tuple]:
     return [(x["epoch"], x["batch"], x["samples"]) for x in read_samples(folder, rank)]
 
 
-SCENARIOS = {
-    "ddp_w0": (["--trainer.strategy", "ddp"], 0),
-    "ddp_w2": (["--trainer.strategy", "ddp"], 2),
-    "allreduce_w2": (["--trainer.strategy", "allreduce"], 2),
-    "allreduce_overlap_w0": (["--trainer.strategy", "allreduce_overlap"], 0),
-    "allreduce_per_param_w0": (["--trainer.strategy", "allreduce_per_param"], 0),
-    "allreduce_fp16_w0": (["--trainer.strategy", "allreduce_fp16"], 0),  # rounded on the wire, the same way again
-    "allreduce_bf16_w0": (["--trainer.strategy", "allreduce_bf16"], 0),
-    "ddp_mp_w0": (["--trainer.strategy", "ddp_mp"], 0),  # on CPU every stage is the CPU: its DDP-over-stages path
-}
+def scenarios() -> dict[str, tuple[list[str], int]]:
+    """The 2-process scenarios, name -> (strategy arguments, loader workers): every multi-process mode the registry
+    declares (``declared_modes``) without workers, and the reference ``ddp`` with 2 (the loader and its workers are
+    the same code under every mode). On CPU ``ddp_mp``'s stages are all the CPU: its DDP-over-stages path;
+    ``allreduce_fp16``/``bf16`` round on the wire, the same way again after the resume."""
+    # imported here, not above: bench.resume_exact --app binds ``app`` to another checkout before it asks
+    import app.strategies  # noqa: F401  (registers the app's strategy names)
+    from app.strategies.layout import REFERENCE, declared_modes, layout_of
+
+    modes = [m for m in declared_modes() if not layout_of(m).one_process]
+    return {
+        **{f"{mode}_w0": (["--trainer.strategy", mode], 0) for mode in modes},
+        f"{REFERENCE}_w2": (["--trainer.strategy", REFERENCE], 2),
+    }

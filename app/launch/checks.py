@@ -8,7 +8,6 @@ that cannot work anywhere. Each check reads the mode's :class:`~app.strategies.l
 from __future__ import annotations
 
 import os
-import re
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from typing import Any
 
 from app.launch.plan import Plan
 from app.strategies.dp import COMPILE_REFUSED
+from app.strategies.layout import declared_modes
 from core.batch import uneven_global_batch
 from core.config import get
 from core.env import LAUNCHER_NAMES, main_address, resolves
@@ -202,12 +202,12 @@ def config_problems(config: Any) -> list[str]:
     names = ["auto", *StrategyRegistry.available_strategies()]
     if isinstance(strategy, str) and strategy.lower() not in names:
         hint = did_you_mean(strategy, names)
-        names = [n for n in names if "find_unused" not in n and not re.search("deepspeed|fsdp|xla|tpu", n)]
+        names = ["auto", *declared_modes()]  # the app's modes; any other registered name or class_path works too
         if strategy.lower() == "horovod":  # Lightning 2.0 removed its HorovodStrategy; old tutorials still use it
             hint = " (Lightning 2 has no Horovod; allreduce does what hvd.DistributedOptimizer did, see the README)"
         problems.append(
             f"trainer.strategy {strategy!r} is not a registered strategy{hint}. Fix: one of {', '.join(names)} "
-            "(or a Strategy class_path; the app's modes are in the README)."
+            "(or another registered name, or a Strategy class_path; the modes are in the README)."
         )
     accelerator = trainer.get("accelerator")
     accelerators = ["auto", "gpu", *sorted(AcceleratorRegistry.available_accelerators())]

@@ -227,7 +227,9 @@ class AllReduceStrategy(DDPStrategy):
     def layout(cls, devices: int | None, num_nodes: int = 1, compression: str = "none", **init_args: Any) -> Layout:
         """One process per device; exact parity in fp32, close with fp16 on the wire (bf16: not compared)."""
         parity = {"none": "exact", "fp16": "close"}.get(compression)
-        return Layout(processes_per_node=devices, parity=parity, fp16_parity=compression == "none")
+        return Layout(
+            processes_per_node=devices, parity=parity, fp16_parity=compression == "none", averages_by_hand=True
+        )
 
     @classmethod
     @override

@@ -35,6 +35,8 @@ class Layout:
         parity: ``exact``: trains the same weights as one device in fp32 (to rounding); ``close``: within the wire
             precision; None: not compared by ``tools.parity`` by default.
         fp16_parity: takes part in the fp16 GradScaler parity scenario (an overflow on one rank skips every rank).
+        averages_by_hand: the strategy averages the gradients with its own ``all_reduce`` (no DDP wrapper); the
+            step-time benchmark compares it with the plain hand-averaging loop of the PyTorch tutorial.
     """
 
     processes_per_node: int | None
@@ -44,6 +46,7 @@ class Layout:
     needs_process_gpus: bool = False
     parity: Parity = None
     fp16_parity: bool = False
+    averages_by_hand: bool = False
 
 
 def one_process_per_device(devices: int | None, num_nodes: int = 1, **init_args: Any) -> Layout:
@@ -92,8 +95,6 @@ def layout_of(strategy: Any, devices: int | None = 1, num_nodes: int = 1) -> Lay
 
 def parity_modes(parity: Parity = "exact", fp16: bool | None = None) -> list[str]:
     """The registered modes that declare ``parity`` (and ``fp16_parity`` when given), the reference ``ddp`` first."""
-    from lightning.pytorch.strategies import StrategyRegistry
-
     modes = [REFERENCE] if parity == "exact" else []
     for name in StrategyRegistry:
         layout = layout_of(name)
@@ -101,4 +102,17 @@ def parity_modes(parity: Parity = "exact", fp16: bool | None = None) -> list[str
             modes.append(name)
     if fp16 is not None:
         modes = [m for m in modes if m == REFERENCE or layout_of(m).fp16_parity == fp16]
+    return modes
+
+
+def declared_modes(variants: bool = True) -> list[str]:
+    """The modes the tools and benchmarks run, so that a new one needs no edit there: the reference ``ddp`` first, then
+    every registered name whose strategy class declares its layout (the app's modes, and any registered like them).
+    ``variants=False``: one name per class, its entry without preset arguments (``allreduce``, not
+    ``allreduce_fp16``)."""
+    modes = [REFERENCE]
+    for name, entry in StrategyRegistry.items():
+        declared = getattr(entry["strategy"], "layout", None) is not None
+        if declared and name not in modes and (variants or not entry["init_params"]):
+            modes.append(name)
     return modes

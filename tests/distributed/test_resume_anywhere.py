@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from tools.photos import build_photo_imagenet
-from tools.resume_legs import EPOCH_VALUES, SCENARIOS, STOP, fit, imagenet_args, legs, max_diff, mnist_args, trail
+from tools.resume_legs import EPOCH_VALUES, STOP, fit, imagenet_args, legs, max_diff, mnist_args, scenarios, trail
 
 
 def check(facts: dict, stop: int = STOP, steps: int = 12, batches: int = 12) -> None:
@@ -120,7 +120,7 @@ def distributed_facts(mnist_dir, tmp_path_factory) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.distributed
-@pytest.mark.parametrize("scenario", list(SCENARIOS))
+@pytest.mark.parametrize("scenario", list(scenarios()))
 def test_distributed_mid_epoch_resume_is_exact(distributed_facts, scenario):
     check(distributed_facts[scenario])
 
@@ -130,7 +130,7 @@ def job(out: Path, data_dir: str) -> None:
     import torch.distributed as dist
 
     results = {}
-    for name, (extra, workers) in SCENARIOS.items():
+    for name, (extra, workers) in scenarios().items():
         args = [*extra, "--trainer.devices", "2", "--launch.timeout", "120"]
         results[name] = legs(out / name, mnist_args(out, data_dir, workers), args, ranks=2)
     if dist.get_rank() == 0:

@@ -1,7 +1,7 @@
 """A sixth parallel mode needs one strategy file: registered under a new name with its layout (here the throwaway
-``tests/unit/sixth_strategy.py``), it is in ``python -m tools.parity``'s default modes and in the step-time benchmark,
-the preflight plan lays it out and checks the machine by its layout, and the parity job trains it like one device,
-with no other edit."""
+``tests/unit/sixth_strategy.py``), it is in ``python -m tools.parity``'s default modes, the step-time benchmark, the
+mid-epoch resume scenarios and the GPU check's fits, the preflight plan lays it out and checks the machine by its
+layout, and the parity job trains it like one device, with no other edit."""
 
 from __future__ import annotations
 
@@ -34,10 +34,20 @@ def test_the_parity_tool_compares_it_by_default(sixth):
 
 
 def test_the_step_time_benchmark_times_it(sixth):
-    from bench.step_time import _with_the_other_exact_modes
+    from bench.step_time import timed_modes
 
-    processes, compared_with, strategy = _with_the_other_exact_modes({})[f"app_{sixth}"]
+    processes, compared_with, strategy = timed_modes()[f"app_{sixth}"]
     assert (processes, compared_with, strategy) == (2, ("app_ddp", "plain_ddp"), sixth)
+
+
+def test_the_resume_scenarios_and_the_gpu_check_run_it(sixth):
+    from bench.gpu_check import mode_fits
+    from tools.resume_legs import scenarios as resume_scenarios
+
+    assert resume_scenarios()[f"{sixth}_w0"] == (["--trainer.strategy", sixth], 0)
+    (fit,) = [f for f in mode_fits() if f[0].startswith(f"mode {sixth} ")]
+    strategy = "--trainer.strategy=tests.unit.sixth_strategy.SixthStrategy"
+    assert fit[1] == [strategy, "--trainer.strategy.init_args.devices_per_process", "1"]
 
 
 def test_the_preflight_plan_lays_it_out_from_its_layout(sixth, tmp_path):

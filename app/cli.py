@@ -44,7 +44,13 @@ from app.checkpoint import (
     weights_from_checkpoint,
 )
 from app.launch.preflight import preflight
-from app.launch.rendezvous import apply_timeout, join_this_attempt, rendezvous_errors_explained
+from app.launch.rendezvous import (
+    apply_timeout,
+    hold_port,
+    join_this_attempt,
+    release_port,
+    rendezvous_errors_explained,
+)
 from app.loggers import (
     TrackingConfigCallback,
     continue_run_of,
@@ -172,6 +178,8 @@ class CLI(LightningCLI):
             hang = min(hang, DEBUG_HANG_TIMEOUT) if hang else DEBUG_HANG_TIMEOUT
         hang = effective_timeout(hang, config.launch.timeout)
         self.plan = preflight(config, timeout=config.launch.timeout, hang_timeout=hang)
+        if port := hold_port(self.plan):  # the ranks Lightning starts meet there; no other job can take it
+            rank_zero_info(f"rendezvous: port {port} of this host, held for this run until it ends")
 
     def instantiate_classes(self) -> None:
         super().instantiate_classes()
@@ -231,7 +239,8 @@ def main(args: list[str] | None = None, run: bool = True, cli_class: type[CLI] |
     silence_known_noise()
     args = run_dir_for_loggers(accept_local_rank(sys.argv[1:] if args is None else args))
     strict = {"allow_abbrev": False, "exit_on_error": not run}
-    with user_errors_explained() if run else contextlib.nullcontext():
+    with user_errors_explained() if run else contextlib.nullcontext(), contextlib.ExitStack() as ending:
+        ending.callback(release_port)  # the rendezvous port hold_port kept for the run
         defaults = {"default_config_files": default_config_files(args), **strict}
         return (cli_class or CLI)(
             ImageClassifier,

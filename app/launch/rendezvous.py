@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import socket
 import sys
 from collections.abc import Iterator
 from datetime import timedelta
@@ -13,6 +14,41 @@ from typing import Any
 from app.launch.plan import Plan
 from core.env import Launch, main_address
 from core.errors import linked
+
+_held: socket.socket | None = None  # the port hold_port keeps bound for this process's run
+
+
+def hold_port(plan: Plan) -> int | None:
+    """The rendezvous port of a one-node multi-process run that Lightning's own launcher starts: bound here and kept
+    bound until :func:`release_port`, exported as ``MASTER_PORT`` for the ranks Lightning starts.
+
+    Why by hand: Lightning picks ``MASTER_PORT`` by binding port 0 and closing the socket (``find_free_network_port``),
+    and rank 0's TCPStore binds it seconds later, after the other ranks started; meanwhile the kernel may hand the
+    same port to another job on the machine, and one of them fails with EADDRINUSE. This socket stays bound with
+    SO_REUSEADDR and never listens: no other socket can bind the port and ``bind(0)`` never returns it, while the
+    TCPStore (which sets SO_REUSEADDR too) still binds and listens on it. Under torchrun (its store binds port 0
+    itself), SLURM (Lightning derives the port from the job id), several nodes, or a ``MASTER_PORT`` you set,
+    nothing is done. None when nothing is held.
+    """
+    global _held
+    world = plan.launched_world_size or 1
+    if plan.launch.launcher != "none" or plan.num_nodes > 1 or world < 2 or os.environ.get("MASTER_PORT"):
+        return None
+    _held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    _held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    _held.bind(("", 0))
+    port = _held.getsockname()[1]
+    os.environ["MASTER_PORT"] = str(port)
+    return port
+
+
+def release_port() -> None:
+    """Closes the port :func:`hold_port` held and forgets its ``MASTER_PORT`` (the run is over)."""
+    global _held
+    if _held is not None:
+        os.environ.pop("MASTER_PORT", None)
+        _held.close()
+        _held = None
 
 
 def join_this_attempt(strategy: Any, launch: Launch) -> None:

@@ -6,6 +6,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+# test workers (pytest-xdist; tests/conftest.py groups them): 2 fits this 2-core machine, 0 runs in this process
+TEST_WORKERS ?= 2
 
 .PHONY: venv demo test check lint clean slurm-up slurm-down update-pins gpu-wheels gpu-check test-compat docs \
 	docs-serve docs-screenshots sabotage mutation
@@ -25,7 +27,7 @@ demo: venv
 
 # pytest exits 5 when it collected no test: that is a failure here, and it says so.
 test: venv
-	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	@$(BIN)/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests - failing"; fi; exit $$rc
 
 # A throwaway SLURM cluster on this machine (root, Debian/apt) for the `slurm` tests: see tools/slurm_cluster.sh.
@@ -62,7 +64,7 @@ mutation: venv
 FAST := not slow and not distributed and not slurm and not gpu
 
 check: lint
-	@$(BIN)/python -m pytest -q -m "$(FAST)" $(PYTEST_ARGS); rc=$$?; \
+	@$(BIN)/python -m pytest -n $(TEST_WORKERS) -q -m "$(FAST)" $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make check: pytest collected no tests - failing"; fi; exit $$rc
 
 # style, complexity (C901 over the library code) and the import contract (setup.cfg [importlinter])

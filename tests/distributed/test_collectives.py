@@ -3,6 +3,8 @@
 
 import pytest
 
+pytestmark = pytest.mark.xdist_group("parity")  # shares the session's parity job: built once, on one worker
+
 PRIMITIVES = ["send_recv", "isend_irecv", "broadcast", "scatter", "gather", "reduce", "all_reduce", "all_gather"]
 
 

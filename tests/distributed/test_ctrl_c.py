@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.xdist_group("timing")  # its pass depends on wall-clock limits: never beside another such test
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

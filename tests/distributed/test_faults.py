@@ -32,6 +32,8 @@ from app.callbacks.sigterm import EXIT_CODE
 from tests.conftest import ROOT
 from tests.troubleshooting import assert_documented
 
+pytestmark = pytest.mark.xdist_group("timing")  # its pass depends on wall-clock limits: never beside another such test
+
 HEARTBEAT = "tests.distributed.test_faults.Heartbeat"
 LAUNCH_TIMEOUT = 60  # --launch.timeout of the DDP jobs: a survivor must be out well before it
 WELL_INSIDE = LAUNCH_TIMEOUT / 2

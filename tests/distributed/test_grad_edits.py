@@ -6,7 +6,7 @@ import pytest
 from tests.distributed.conftest import AMP_MODES
 
 TOL = 1e-5
-pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # shares the parity job
+pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.xdist_group("parity")]  # shares the parity job
 
 
 @pytest.mark.parametrize("mode", [m for m in AMP_MODES if m != "ddp"])

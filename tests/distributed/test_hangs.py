@@ -25,6 +25,8 @@ from tests.conftest import ROOT
 from tests.distributed.test_faults import args, nothing_left, start, wait_for_step
 from tests.troubleshooting import assert_documented
 
+pytestmark = pytest.mark.xdist_group("timing")  # its pass depends on wall-clock limits: never beside another such test
+
 HANG = 8  # --launch.hang_timeout of these jobs
 GRACE = 15  # every process must be gone within HANG + GRACE of the stall
 STUCK_AT = 6  # the global step after which rank 1 gets stuck

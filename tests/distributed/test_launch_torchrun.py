@@ -21,7 +21,7 @@ from tests.troubleshooting import assert_documented
 from tests.wandb_reader import offline_runs, requires_wandb, tensorboard_scalars
 from tools.resume_probe import per_step
 
-pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.xdist_group("timing")]
 PROBE = "tools.resume_probe.SampleLog"
 
 

@@ -9,7 +9,8 @@ from bench.parity_report import SYNCBN_STEPS
 from tests.distributed.conftest import AMP_MODES, EXACT_MODES, STEPS
 
 TOL = 1e-5
-pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # one torchrun job of every mode and scenario
+# one torchrun job of every mode and scenario, shared with the other modules of the "parity" group
+pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.xdist_group("parity")]
 
 
 @pytest.mark.parametrize("scenario", ["plain", "accumulate"])

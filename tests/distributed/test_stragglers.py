@@ -11,6 +11,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from tests.conftest import run_cli
 
+pytestmark = pytest.mark.xdist_group("timing")  # its pass depends on wall-clock limits: never beside another such test
+
 SLOW_S = 0.05  # rank 1's extra time per step
 
 

@@ -10,7 +10,7 @@ import pytest
 from tests.distributed.test_hangs import GRACE, HANG, STUCK_AT
 from tests.slurm.conftest import submit, wait_job
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.xdist_group("timing")]
 
 
 def processes_of(root: Path) -> list[int]:

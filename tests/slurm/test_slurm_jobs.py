@@ -16,7 +16,7 @@ from tests.slurm.conftest import ROOT, job_info, skip_or_fail, submit, wait_job
 from tests.wandb_reader import offline_runs, requires_wandb
 from tools.resume_probe import per_step
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.xdist_group("timing")]
 
 EPOCHS, BATCHES = 2, 100
 HOLD = BATCHES + 20  # the step of the second epoch at which the SIGUSR1 job waits for the signal

@@ -8,6 +8,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch.strategies import DDPStrategy
@@ -15,6 +16,8 @@ from lightning.pytorch.strategies import DDPStrategy
 from app.callbacks.hang_watch import apply_flight_recorder, effective_timeout, where
 from app.launch.preflight import build
 from tools.slurm import resolve_config
+
+pytestmark = pytest.mark.xdist_group("timing")  # its pass depends on wall-clock limits: never beside another such test
 
 
 def napping(started: threading.Event, done: threading.Event) -> None:

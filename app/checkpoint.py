@@ -40,6 +40,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from app import run_dir
 from app.run_dir import find_last_checkpoint, hpc_checkpoint  # noqa: F401  (their old home)
+from core.errors import with_link
 
 TRUST_FLAG = "--trust_checkpoint true"
 
@@ -157,11 +158,12 @@ def disk_full(path: Path, checkpoint: dict) -> str:
         previous = f"the previous {kept} ({step}) is intact"
     else:
         previous = f"nothing was overwritten (no earlier {kept.name} in {path.parent})"
-    return (
+    return with_link(
         f"error: saving the checkpoint {path} failed: the disk is full (No space left on device): it needs about "
         f"{megabytes(tensor_bytes(checkpoint))} and {megabytes(free)} are free in {path.parent}; {previous}. "
         "Fix: free space on that disk, or set --trainer.default_root_dir to a folder on a disk with room for a few "
-        "checkpoints, then resume with `--ckpt_path last`."
+        "checkpoints, then resume with `--ckpt_path last`.",
+        "disk-full",
     )
 
 
@@ -246,14 +248,19 @@ def read_checkpoint(path: _PATH, trust: bool = False) -> dict:
     flag = f"error: --ckpt_path {path}"
     if not Path(path).is_file():
         raise CheckpointError(
-            f"{flag}: no such file. Fix: check the path; `--ckpt_path last` resumes the newest last.ckpt under "
-            "--trainer.default_root_dir; leave --ckpt_path out to start from scratch."
+            with_link(
+                f"{flag}: no such file. Fix: check the path; `--ckpt_path last` resumes the newest last.ckpt under "
+                "--trainer.default_root_dir; leave --ckpt_path out to start from scratch.",
+                "checkpoint-missing",
+            )
         )
     try:
         return load_on_cpu(path, weights_only=not trust)
     except pickle.UnpicklingError as err:
         if not trust and _refused(err):
-            raise CheckpointError(f"error: --ckpt_path {refusal(path, err)}") from None
+            raise CheckpointError(
+                with_link(f"error: --ckpt_path {refusal(path, err)}", "checkpoint-with-code")
+            ) from None
         cause = err
     except Exception as err:  # zip/pickle/OS errors: a truncated copy, an interrupted download, another format
         cause = err
@@ -263,8 +270,12 @@ def read_checkpoint(path: _PATH, trust: bool = False) -> dict:
         lines = lines[notice[0] + 1 :] or lines
     torch_says = lines[0].split(". ")[0][:160]
     raise CheckpointError(
-        f"{flag}: not a readable checkpoint; it is truncated or corrupt ({type(cause).__name__}: {torch_says}). "
-        "Fix: use an intact copy or an earlier checkpoint of the run, or leave --ckpt_path out to start from scratch."
+        with_link(
+            f"{flag}: not a readable checkpoint; it is truncated or corrupt ({type(cause).__name__}: {torch_says}). "
+            "Fix: use an intact copy or an earlier checkpoint of the run, or leave --ckpt_path out to start from "
+            "scratch.",
+            "checkpoint-corrupt",
+        )
     )
 
 
@@ -281,9 +292,12 @@ def check_arch(checkpoint: dict, path: _PATH, arch: str | None) -> None:
     saved = _arch(checkpoint)
     if saved is not None and arch is not None and saved != arch:
         raise CheckpointError(
-            f"error: --ckpt_path {path} holds a {saved} network (model.arch in the checkpoint) but this run asks for "
-            f"model.arch={arch}. Fix: --model.arch {saved} to continue that model, or leave --ckpt_path out to "
-            f"train {arch} from scratch."
+            with_link(
+                f"error: --ckpt_path {path} holds a {saved} network (model.arch in the checkpoint) but this run asks "
+                f"for model.arch={arch}. Fix: --model.arch {saved} to continue that model, or leave --ckpt_path out to "
+                f"train {arch} from scratch.",
+                "checkpoint-other-arch",
+            )
         )
 
 
@@ -306,10 +320,14 @@ def check_fits(checkpoint: dict, path: _PATH, model: torch.nn.Module, arch: str 
     )
     saved_arch = _arch(checkpoint) or "unknown"
     raise CheckpointError(
-        f"error: --ckpt_path {path} does not fit this model (model.arch={arch}): it was trained as {saved_arch} and "
-        f"{len(wrong)} weight shapes differ, {len(missing)} are missing, {len(unexpected)} unknown (e.g. {example}). "
-        "Fix: run with the settings it was trained with (model.arch and the same data: classes and channels), "
-        "or leave --ckpt_path out to start from scratch."
+        with_link(
+            f"error: --ckpt_path {path} does not fit this model (model.arch={arch}): it was trained as {saved_arch} "
+            f"and {len(wrong)} weight shapes differ, {len(missing)} are missing, {len(unexpected)} unknown "
+            f"(e.g. {example}). "
+            "Fix: run with the settings it was trained with (model.arch and the same data: classes and channels), "
+            "or leave --ckpt_path out to start from scratch.",
+            "checkpoint-does-not-fit",
+        )
     )
 
 
@@ -333,8 +351,11 @@ def resolve_last(config: Any, subcommand: str | None) -> Path | None:
         return None
     if last is None:
         sys.exit(
-            f"error: --ckpt_path last: no checkpoint found in {run_dir.where_last_is(root, dirpath)}. "
-            "Train first with `python cli.py fit` (same --trainer.default_root_dir), or pass --ckpt_path FILE."
+            with_link(
+                f"error: --ckpt_path last: no checkpoint found in {run_dir.where_last_is(root, dirpath)}. "
+                "Train first with `python cli.py fit` (same --trainer.default_root_dir), or pass --ckpt_path FILE.",
+                "checkpoint-last-missing",
+            )
         )
     config.ckpt_path = str(last)
     rank_zero_info(f"--ckpt_path last resolved to {last}")

@@ -63,7 +63,7 @@ from app.quiet import silence_known_noise
 from app.sync_batchnorm import with_sync_batchnorm
 from app.trainer import Trainer
 from core.env import detect, split_local_rank
-from core.errors import UsageError, UserError, explain_parser_error, linked, one_line, parser_options, say
+from core.errors import UsageError, UserError, explain_parser_error, one_line, parser_options, say, with_link
 from modules import ImageClassifier
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -142,7 +142,7 @@ class CLI(LightningCLI):
         try:
             self.config = parser.parse_object(args) if isinstance(args, (dict, Namespace)) else parser.parse_args(args)
         except ArgumentError as err:  # jsonargparse's message is the whole usage text; ours names the closest option
-            raise UsageError(explain_parser_error(str(err), parser_options(parser))) from None
+            raise explain_parser_error(str(err), parser_options(parser)) from None
 
     def _subcommand_config(self):
         return self.config[self.subcommand] if self.subcommand else self.config
@@ -326,17 +326,12 @@ def user_errors_explained() -> Iterator[None]:
     """A user mistake ends the process with ``error: <cause and fix>`` on stderr, exit status 1 (2: does not parse).
 
     Every rank runs the same checks (preflight, the DataModule's ``setup``), so each stops on its own; a rank that
-    still waits for one that left is told so by ``app.callbacks.LostRank``. ``PreflightError`` (a ``SystemExit``
-    carrying its ``error: ...`` message) gets only the link to its section of the troubleshooting page, as every
-    ``error:`` line does (:func:`core.errors.linked`).
+    still waits for one that left is told so by ``app.callbacks.LostRank``. The line ends with the link to the
+    error's section of the troubleshooting page (its ``help``). A ``SystemExit`` that carries its ``error: ...``
+    line (``PreflightError``, ``CheckpointError``, ``LostRankError``...) was linked where it was raised.
     """
     try:
         yield
     except UserError as err:  # the datamodules' and the zoo's errors are UserErrors too
-        say(linked(f"error: {one_line(err)}"))
-        raise SystemExit(getattr(err, "exit_code", 1)) from None
-    except SystemExit as err:  # PreflightError, CheckpointError, LostRankError...: the message is the exit code
-        if isinstance(err.code, str) and err.code.startswith("error: "):
-            err.code = linked(err.code)
-            err.args = (err.code,)
-        raise
+        say(with_link(f"error: {one_line(err)}", err.help))
+        raise SystemExit(err.exit_code) from None

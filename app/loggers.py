@@ -357,7 +357,7 @@ def prepare_loggers(config, subcommand: str | None) -> None:
     tb_cfgs = [lg for lg in configured if lg.class_path.rsplit(".", 1)[-1] == "TensorBoardLogger"]
     if wandb_cfgs and importlib.util.find_spec("wandb") is None:
         # here, not only in WandbLogger: jsonargparse would bury the logger's message in a "Union subtypes" error
-        sys.exit(with_link(f"error: {INSTALL_HINT}"))
+        sys.exit(with_link(f"error: {INSTALL_HINT}", "wandb-missing"))
     _group_the_nodes(int(config.trainer.get("num_nodes") or 1), wandb_cfgs)
     if subcommand == "fit":
         _continue_the_checkpoints_run(config, tb_cfgs, wandb_cfgs)

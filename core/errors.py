@@ -19,9 +19,20 @@ from collections.abc import Iterable, Iterator
 
 
 class UserError(Exception):
-    """A mistake the user fixes (config, data, machine); the message says the cause and the fix."""
+    """A mistake the user fixes (config, data, machine); the message says the cause and the fix.
+
+    ``help`` is the anchor of its section of docs/troubleshooting.md, given where the mistake is found
+    (``UserError(message, help="mnist-missing")``); a subclass may set a default for all of its errors. The printed
+    line ends with the link to that section (:func:`with_link`).
+    """
 
     exit_code = 1
+    help: str | None = None
+
+    def __init__(self, message: str = "", help: str | None = None) -> None:
+        super().__init__(message)
+        if help is not None:
+            self.help = help
 
 
 class UsageError(UserError):
@@ -61,21 +72,23 @@ def parser_options(parser: argparse.ArgumentParser) -> set[str]:
     return options
 
 
-def explain_parser_error(message: str, options: Iterable[str], prog: str = "python cli.py") -> str:
+def explain_parser_error(message: str, options: Iterable[str], prog: str = "python cli.py") -> UsageError:
     """jsonargparse's error ``message`` as one line, with the closest valid option or value."""
     options = sorted(options)
     help_hint = f"All options: `{prog} fit --help`."
     if match := re.match(r"unrecognized arguments: (.*)", message):
         unknown = [t.split("=")[0] for t in match.group(1).split() if t.startswith("--")] or [match.group(1)]
         hints = ", ".join(f"{u}{did_you_mean(u, options)}" for u in unknown)
-        return f"unknown option {hints}. {help_hint}"
+        return UsageError(f"unknown option {hints}. {help_hint}", help="unknown-option")
     if match := re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message):
         choices = re.findall(r"'([^']*)'", match.group(2))
         hint = did_you_mean(match.group(1), choices)
-        return f"unknown subcommand {match.group(1)!r}{hint}; one of {', '.join(choices)}, e.g. `{prog} fit`."
+        text = f"unknown subcommand {match.group(1)!r}{hint}; one of {', '.join(choices)}, e.g. `{prog} fit`."
+        return UsageError(text, help="unknown-subcommand")
     if match := re.search(r"(Group|Subcommand) '([\w.]+)' does not accept option '([\w.]+)'", message):
         key = f"--{match.group(2)}.{match.group(3)}" if match.group(1) == "Group" else f"--{match.group(3)}"
-        return f"unknown key {key[2:]} in a config file{did_you_mean(key, options).replace('--', '')}. {help_hint}"
+        text = f"unknown key {key[2:]} in a config file{did_you_mean(key, options).replace('--', '')}. {help_hint}"
+        return UsageError(text, help="unknown-config-key")
     # the last "Given value" is the outermost: a nested union (int | Literal) states its own first
     key, given = re.match(r'Parser key "([\w.]+)":', message), re.findall(r"Given value: (.*)", message)
     if key and given:
@@ -83,19 +96,22 @@ def explain_parser_error(message: str, options: Iterable[str], prog: str = "pyth
         if nested := re.match(r"NestedArg\(key='([\w.]+)', val=(.*)\)$", value):  # --data.batch_size x
             name, value = f"{name}.{nested.group(1)}", nested.group(2).strip("'")
         if short := re.search(r"Expected a dot import path string: (\S+)", message):  # --trainer.strategy ddp + .X
-            return _options_of_a_name(key.group(1), short.group(1), name, value)
+            return UsageError(_options_of_a_name(key.group(1), short.group(1), name, value))
         literals = [v for group in re.findall(r"Literal\[([^\]]*)\]", message) for v in re.findall(r"'([^']*)'", group)]
         if literals:
             valid = list(dict.fromkeys(literals))
             number = " a number or" if "Subtypes: [<class 'int'>, typing.Literal" in message else ""  # int | Literal
-            return f"{name}={value!r} is not valid{did_you_mean(value, valid)}. Valid:{number} {', '.join(valid)}."
+            text = f"{name}={value!r} is not valid{did_you_mean(value, valid)}. Valid:{number} {', '.join(valid)}."
+            return UsageError(text, help="invalid-value")
         errors = message.split("Errors:", 1)[-1].split("Given value type", 1)[0].splitlines()
         reasons = [line.strip(" -") for line in errors if line.strip() and "NoneType" not in line]
         reason = reasons[-1] if reasons else message.splitlines()[1].strip()
-        return f"{name}={value!r} is not valid: {reason}. {help_hint}"
+        return UsageError(f"{name}={value!r} is not valid: {reason}. {help_hint}", help="invalid-value")
     if key and (option := re.search(r"Option '(\w+)' is not accepted", message)):
-        return f"{key.group(1)} has no argument {option.group(1)!r}. See `{prog} fit --{key.group(1)}.help CLASS`."
-    return message
+        return UsageError(
+            f"{key.group(1)} has no argument {option.group(1)!r}. See `{prog} fit --{key.group(1)}.help CLASS`."
+        )
+    return UsageError(message)
 
 
 def _options_of_a_name(key: str, short: str, option: str, value: str) -> str:
@@ -118,79 +134,18 @@ def _options_of_a_name(key: str, short: str, option: str, value: str) -> str:
 # --- Every error line ends with the link to its section of docs/troubleshooting.md ------------------------------------
 # The base is the page in this repository (what a clone has); a docs site sets DPTRAIN_DOCS_URL to its page's address,
 # e.g. https://example.org/dptrain/troubleshooting/ . The anchors are the headings' slugs (lower case, spaces -> "-"),
-# the same on GitHub and in mkdocs; tests/unit/test_troubleshooting_docs.py checks each one has its section.
+# the same on GitHub and in mkdocs; each is given where its error is raised, and tests/unit/test_troubleshooting_docs.py
+# checks that every anchor the code gives has its section and every section is an anchor the code gives.
 DOCS_URL = os.environ.get("DPTRAIN_DOCS_URL", "docs/troubleshooting.md")
 
-# (anchor, a regex searched in the message without its "error: " or "- "): the first that matches is the section
-SECTIONS: tuple[tuple[str, str], ...] = (
-    ("preflight", r"^preflight: this run cannot start"),
-    ("unknown-option", r"^unknown option "),
-    ("unknown-subcommand", r"^unknown subcommand "),
-    ("unknown-config-key", r"^unknown key \S+ in a config file"),
-    ("invalid-value", r"^[\w.]+=.* is not valid"),
-    ("unknown-strategy", r"^trainer\.strategy .* is not a registered strategy"),
-    ("unknown-arch", r"^Unknown model\.arch "),
-    ("unknown-accelerator", r"^trainer\.accelerator .* is unknown"),
-    ("batch-size", r"^data\.batch_size=\S+: a batch is a positive number"),
-    ("global-batch-size", r"^data\.global_batch_size=\S+ does not split evenly"),
-    ("no-gpu", r"^trainer\.accelerator \w+ asks for \S+ GPU"),
-    ("ddp-mp-gpus", r"^ddp_mp: trainer\.devices counts processes"),
-    ("dp-one-process", r"^strategy dp drives every device of ONE node"),
-    ("fp16-on-cpu", r"^precision 16-mixed .* needs a CUDA GPU"),
-    ("root-dir-not-writable", r"^trainer\.default_root_dir .* is not writable"),
-    ("mnist-missing", r"^MNIST file \S+ is not in "),
-    ("mnist-not-fetched", r"^MNIST is not in .* could not be fetched"),
-    ("mnist-corrupt", r"is corrupt or not the MNIST file it is named after"),
-    ("data-dir-missing", r"^data\.data_dir .* does not exist"),
-    ("no-class-folder", r"Couldn't find any class folder|Each class needs a folder with its images"),
-    ("one-class", r"has 1 class folder|a classifier needs at least 2 classes"),
-    ("different-class-folders", r"have different class folders"),
-    ("unreadable-image", r"^cannot read image "),
-    ("checkpoint-missing", r"^--ckpt_path .*: no such file"),
-    ("checkpoint-last-missing", r"^--ckpt_path last: no checkpoint found"),
-    ("checkpoint-corrupt", r"^--ckpt_path .*: not a readable checkpoint"),
-    ("checkpoint-other-arch", r"^--ckpt_path .* holds a \S+ network \(model\.arch in the checkpoint\)"),
-    ("checkpoint-does-not-fit", r"^--ckpt_path .* does not fit this model"),
-    ("checkpoint-with-code", r"that could run code when loaded"),
-    ("non-finite-loss", r"^the training loss was not finite"),
-    ("lost-rank", r"^lost rank "),
-    ("hang-watch", r"^hang watch: (rank .+ of \S+ (is|are) stuck|all \S+ ranks are stuck)"),
-    ("disk-full", r"^saving the checkpoint .* failed: the disk is full"),
-    ("rendezvous-timeout", r"^the ranks did not all meet within "),
-    ("wandb-missing", r"needs the `wandb` package, which is not installed here"),
-    (
-        "slurm-submit",
-        r"^give the cli\.py command after `--`|^say how many processes per node|is not a multiple of --tasks-per-node"
-        r"|^data\.num_workers auto takes the CPUs SLURM gives|^this job would stop at its preflight check",
-    ),
-    ("sbatch", r"^`sbatch` is not on PATH|^sbatch refused "),
-    ("imagenet-val-layout", r"^imagenet_val: "),
-)
 
-
-def docs_anchor(message: str) -> str | None:
-    """The anchor of the troubleshooting section for ``message`` (with or without its ``error: ``), or None."""
-    text = re.sub(r"^\s*(error: |- )", "", message)
-    return next((anchor for anchor, pattern in SECTIONS if re.search(pattern, text)), None)
-
-
-def with_link(line: str, default: str | None = None) -> str:
-    """``line`` ending with `` Help: <DOCS_URL>#<anchor>`` when a section explains it, else ``default``'s section
-    (once: linking a linked line is a no-op)."""
-    anchor = docs_anchor(line) or default
-    if anchor is None or f" Help: {DOCS_URL}#" in line:
+def with_link(line: str, help: str | None) -> str:
+    """``line`` with `` Help: <DOCS_URL>#<help>`` at the end of its first line (the ``error:`` line of a message that
+    lists details below it); unchanged without an anchor or when it is linked already."""
+    first, newline, rest = line.partition("\n")
+    if help is None or f" Help: {DOCS_URL}#" in first:
         return line
-    return f"{line} Help: {DOCS_URL}#{anchor}"
-
-
-def linked(text: str) -> str:
-    """Each ``error:`` line and each ``  - problem`` line of ``text`` (a preflight's list) with its link; a problem
-    without a section of its own links to the preflight's."""
-    if not text.startswith("error: preflight: "):  # other "  - " lines are details of one error (MNIST's "Tried:")
-        return "\n".join(with_link(ln) if ln.startswith("error: ") else ln for ln in text.split("\n"))
-    return "\n".join(
-        with_link(ln, "preflight") if ln.startswith(("error: ", "  - ")) else ln for ln in text.split("\n")
-    )
+    return f"{first} Help: {DOCS_URL}#{help}{newline}{rest}"
 
 
 def say(text: str) -> None:

@@ -48,6 +48,8 @@ RANDOM_CROP_MIN_SCALE = 0.08  # torchvision's RandomResizedCrop default area fra
 class UnreadableImageError(UserError, RuntimeError):
     """An image file could not be decoded; the message names it and the option that skips such files."""
 
+    help = "unreadable-image"  # also when a loader worker raised it (torch re-raises it from its message alone)
+
 
 class _Skipped:
     """What a dataset returns instead of a sample for an unreadable image when skipping is on."""

@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 from torchvision.datasets import ImageFolder
 from torchvision.transforms import v2
 
-from core.errors import UserError
+from core.errors import UserError, with_link
 from datamodules.base import ImageDataModule, Workers
 from datamodules.decode import (
     DECODERS,
@@ -245,8 +245,11 @@ class ImageNetDataModule(ImageDataModule):
         if len(folders) == 1 and not init_args.get("num_classes"):
             where = f"{(Path(init_args.get('data_dir')) / 'train').resolve()} has 1 class folder ({folders[0]})"
         return [
-            f"{where}, but a classifier needs at least 2 classes. Fix: put each class's images in a folder of its "
-            "own under train/ and val/ (train/<class>/<image>), or --data.synthetic true to run without data."
+            with_link(
+                f"{where}, but a classifier needs at least 2 classes. Fix: put each class's images in a folder of "
+                "its own under train/ and val/ (train/<class>/<image>), or --data.synthetic true to run without data.",
+                "one-class",
+            )
         ]
 
     def _folder(self, split: str, train: bool) -> ImageFolderChecked | ShardDataset:
@@ -275,7 +278,8 @@ class ImageNetDataModule(ImageDataModule):
             raise ImageNetDataError(
                 f"data.data_dir {self.data_dir.resolve()} does not exist. Fix: --data.data_dir <the folder holding "
                 "train/<class>/<image> and val/<class>/<image>> (`python -m datamodules.imagenet_val --help` "
-                "arranges the official flat val folder), or --data.synthetic true to run without data."
+                "arranges the official flat val folder), or --data.synthetic true to run without data.",
+                help="data-dir-missing",
             )
         if not root.is_dir():
             raise ImageNetDataError(
@@ -296,7 +300,8 @@ class ImageNetDataModule(ImageDataModule):
             said = str(err).rstrip(".")
             said = said if str(root) in said else f"{root.resolve()}: {said}"  # "no valid file" names no folder
             raise ImageNetDataError(
-                f"{said}. Each class needs a folder with its images, {split}/<class>/<image> (ImageFolder layout)."
+                f"{said}. Each class needs a folder with its images, {split}/<class>/<image> (ImageFolder layout).",
+                help="no-class-folder",
             ) from err
         if len(dataset.classes) != self.num_classes:
             raise ImageNetDataError(
@@ -333,7 +338,8 @@ class ImageNetDataModule(ImageDataModule):
                     only = sorted(set(self.train_set.classes) ^ set(self.val_set.classes))
                     raise ImageNetDataError(
                         f"train/ and val/ in {self.data_dir.resolve()} have different class folders (in one only: "
-                        f"{', '.join(only[:5])}{' ...' if len(only) > 5 else ''}); the labels would not match."
+                        f"{', '.join(only[:5])}{' ...' if len(only) > 5 else ''}); the labels would not match.",
+                        help="different-class-folders",
                     )
         train = getattr(self, "train_set", None)
         rank_zero_info(

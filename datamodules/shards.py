@@ -107,7 +107,10 @@ def list_source(src: Path) -> tuple[list[str], dict[str, list[tuple[str, int]]]]
                 classes, mapping = found, class_to_idx
             elif found != classes:
                 only = sorted(set(found) ^ set(classes))
-                raise ShardsError(f"train/ and val/ in {src} have different class folders (in one only: {only[:5]})")
+                raise ShardsError(
+                    f"train/ and val/ in {src} have different class folders (in one only: {only[:5]})",
+                    help="different-class-folders",
+                )
             samples[split] = make_dataset(str(root), mapping, extensions=IMG_EXTENSIONS)
         except FileNotFoundError as err:  # no class folder, or a class folder without images
             said = str(err).rstrip(".")

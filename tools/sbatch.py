@@ -102,9 +102,10 @@ def submit(job: Job, dry_run: bool) -> str | None:
     try:
         out = subprocess.run(["sbatch", "--parsable", str(path)], capture_output=True, text=True, check=False)
     except FileNotFoundError:
-        sys.exit(with_link(f"error: `sbatch` is not on PATH; run this on a SLURM login node. The script is in {path}"))
+        missing = f"error: `sbatch` is not on PATH; run this on a SLURM login node. The script is in {path}"
+        sys.exit(with_link(missing, "sbatch"))
     if out.returncode != 0:
-        sys.exit(f"{with_link(f'error: sbatch refused {path}:')}\n{out.stderr.strip()}")
+        sys.exit(f"{with_link(f'error: sbatch refused {path}:', 'sbatch')}\n{out.stderr.strip()}")
     job_id = out.stdout.strip().split(";")[0]
     print(f"submitted job {job_id}: {path}\n  log: {job.run_dir}/slurm-{job_id}.out   status: squeue -j {job_id}")
     return job_id

@@ -51,7 +51,8 @@ def build_job(ns: argparse.Namespace, command: list[str]) -> Job:
         sys.exit(
             with_link(
                 "error: give the cli.py command after `--`, starting with its subcommand, e.g. "
-                "`python -m tools.slurm submit --nodes 1 --gpus-per-node 4 -- fit --config configs/mnist.yaml`"
+                "`python -m tools.slurm submit --nodes 1 --gpus-per-node 4 -- fit --config configs/mnist.yaml`",
+                "slurm-submit",
             )
         )
     tasks = ns.tasks_per_node or ns.gpus_per_node
@@ -59,11 +60,13 @@ def build_job(ns: argparse.Namespace, command: list[str]) -> Job:
         sys.exit(
             with_link(
                 "error: say how many processes per node: --gpus-per-node G (one per GPU) or, on CPUs, "
-                "--tasks-per-node T"
+                "--tasks-per-node T",
+                "slurm-submit",
             )
         )
     if ns.gpus_per_node and ns.gpus_per_node % tasks:
-        sys.exit(with_link(f"error: --gpus-per-node {ns.gpus_per_node} is not a multiple of --tasks-per-node {tasks}"))
+        uneven = f"error: --gpus-per-node {ns.gpus_per_node} is not a multiple of --tasks-per-node {tasks}"
+        sys.exit(with_link(uneven, "slurm-submit"))
     job = Job(command=list(command), nodes=ns.nodes, gpus_per_node=ns.gpus_per_node, tasks_per_node=tasks)
     config = resolve_config(job.cli_args(with_run_dir=False))
     job.run_dir = str(Path(config.trainer.get("default_root_dir") or ".").resolve())
@@ -73,7 +76,8 @@ def build_job(ns: argparse.Namespace, command: list[str]) -> Job:
         sys.exit(
             with_link(
                 "error: data.num_workers auto takes the CPUs SLURM gives each task, so say how many: "
-                "--cpus-per-task C (C - 1 loader workers per process), or give --data.num_workers N."
+                "--cpus-per-task C (C - 1 loader workers per process), or give --data.num_workers N.",
+                "slurm-submit",
             )
         )
     job.cpus_per_task = ns.cpus_per_task or workers + 1  # the DataLoader workers plus the training process
@@ -87,7 +91,7 @@ def build_job(ns: argparse.Namespace, command: list[str]) -> Job:
     plan = build(config, launch=launch)
     if plan.problems:
         # the first line links here, each problem to its own section (as the preflight's own list)
-        head = with_link("error: this job would stop at its preflight check; nothing was submitted.")
+        head = with_link("error: this job would stop at its preflight check; nothing was submitted.", "slurm-submit")
         sys.exit("\n".join([head, *(with_link(f"  - {p}", "preflight") for p in plan.problems)]))
     return job
 

@@ -23,6 +23,8 @@ class NonFiniteLossError(UserError, RuntimeError):
     """Raised on every rank when the loss stayed NaN/inf for too many consecutive steps (a user-facing outcome: the
     CLI prints it as one ``error:`` line on every rank and exits 1)."""
 
+    help = "non-finite-loss"
+
 
 def grad_scaler(trainer: Trainer) -> torch.amp.GradScaler | None:
     """The enabled GradScaler of the run's precision plugin, or None (fp32, bf16, true half precision)."""

@@ -285,7 +285,8 @@ class _Watchdog(threading.Thread):
         lines = [
             with_link(
                 f"error: hang watch: {head}: no rank started or finished a training or validation step for "
-                f"{stalled:.0f} s (--launch.hang_timeout {self.timeout:g})."
+                f"{stalled:.0f} s (--launch.hang_timeout {self.timeout:g}).",
+                "hang-watch",
             )
         ]
         for r in sorted(seen):

@@ -95,7 +95,8 @@ class LostRank(Callback):
         return with_link(
             f"error: lost rank {names} of {world} ({how}); rank {rank} stops too.{used_up}{torch_says} "
             "Fix: look at the lost rank's log and exit status (out of memory? killed by the scheduler? node down?), "
-            "then resume the job with `--ckpt_path last`."
+            "then resume the job with `--ckpt_path last`.",
+            "lost-rank",
         )
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:

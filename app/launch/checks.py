@@ -20,7 +20,7 @@ from app.strategies.layout import declared_modes
 from core.batch import uneven_global_batch
 from core.config import get
 from core.env import LAUNCHER_NAMES, main_address, resolves
-from core.errors import did_you_mean
+from core.errors import did_you_mean, with_link
 
 FLAG = {"slurm": "--ntasks-per-node", "torchrun": "--nproc_per_node"}
 NODES_FLAG = {"slurm": "--nodes", "torchrun": "--nnodes"}
@@ -55,11 +55,12 @@ def one_process_mode_launched_many(plan: Plan) -> str | None:
         return None
     started = f"{launch.launcher} started {launch.world_size} processes" if launch.multi_task else ""
     nodes = f"trainer.num_nodes={plan.num_nodes}" if plan.num_nodes > 1 else ""
-    return (
+    return with_link(
         f"strategy {plan.strategy} drives every device of ONE node from ONE process, but {started or nodes}. "
         f"Fix: launch a single process (`python cli.py fit --trainer.strategy {plan.strategy}`, `srun "
         "--ntasks-per-node=1 --nodes=1`, `torchrun --nproc_per_node=1`), or use `--trainer.strategy ddp` (or "
-        "allreduce) for one process per device."
+        "allreduce) for one process per device.",
+        "dp-one-process",
     )
 
 
@@ -102,7 +103,8 @@ def global_batch_does_not_split(plan: Plan) -> str | None:
     world, given = plan.launched_world_size, plan.global_batch_size
     if given is None or not world:
         return None
-    return uneven_global_batch(given, world, plan.accumulate, plan.num_nodes)
+    problem = uneven_global_batch(given, world, plan.accumulate, plan.num_nodes)
+    return with_link(problem, "global-batch-size") if problem else None
 
 
 def rendezvous_host_unresolved(plan: Plan) -> str | None:
@@ -206,22 +208,31 @@ def config_problems(config: Any) -> list[str]:
         if strategy.lower() == "horovod":  # Lightning 2.0 removed its HorovodStrategy; old tutorials still use it
             hint = " (Lightning 2 has no Horovod; allreduce does what hvd.DistributedOptimizer did, see the README)"
         problems.append(
-            f"trainer.strategy {strategy!r} is not a registered strategy{hint}. Fix: one of {', '.join(names)} "
-            "(or another registered name, or a Strategy class_path; the modes are in the README)."
+            with_link(
+                f"trainer.strategy {strategy!r} is not a registered strategy{hint}. Fix: one of {', '.join(names)} "
+                "(or another registered name, or a Strategy class_path; the modes are in the README).",
+                "unknown-strategy",
+            )
         )
     accelerator = trainer.get("accelerator")
     accelerators = ["auto", "gpu", *sorted(AcceleratorRegistry.available_accelerators())]
     if isinstance(accelerator, str) and accelerator.lower() not in accelerators:
         problems.append(
-            f"trainer.accelerator {accelerator!r} is unknown{did_you_mean(accelerator, accelerators)}. "
-            f"Fix: one of {', '.join(accelerators)}."
+            with_link(
+                f"trainer.accelerator {accelerator!r} is unknown{did_you_mean(accelerator, accelerators)}. "
+                f"Fix: one of {', '.join(accelerators)}.",
+                "unknown-accelerator",
+            )
         )
     for key in ("batch_size", "global_batch_size"):
         value = get(config, "data", key)
         if isinstance(value, int) and value <= 0:
             problems.append(
-                f"data.{key}={value}: a batch is a positive number of images. Fix: e.g. --data.{key} "
-                f"{64 if key == 'batch_size' else 256}."
+                with_link(
+                    f"data.{key}={value}: a batch is a positive number of images. Fix: e.g. --data.{key} "
+                    f"{64 if key == 'batch_size' else 256}.",
+                    "batch-size",
+                )
             )
     workers = get(config, "data", "num_workers")
     if isinstance(workers, int) and workers < 0:
@@ -288,9 +299,10 @@ def too_few_gpus(m: Machine) -> str | None:
     if not m.on_gpu or m.per_process != 1 or m.need <= m.have:
         return None
     fix = f"--trainer.devices {m.have}, or " if m.have else ""
-    return (
+    return with_link(
         f"trainer.accelerator {m.plan.accelerator} asks for {m.need} GPU(s) per node but this machine has {m.have}"
-        f"{m.visible}. Fix: {fix}--trainer.accelerator cpu (or auto: a GPU when there is one, else the CPU)."
+        f"{m.visible}. Fix: {fix}--trainer.accelerator cpu (or auto: a GPU when there is one, else the CPU).",
+        "no-gpu",
     )
 
 
@@ -300,10 +312,11 @@ def too_few_gpus_for_the_processes(m: Machine) -> str | None:
         return None
     fit = m.have // k
     fix = f"--trainer.devices {fit}" if fit else "--trainer.accelerator cpu"
-    return (
+    return with_link(
         f"{m.plan.strategy}: trainer.devices counts processes, and {processes} process(es) x devices_per_process "
         f"{k} = {processes * k} GPUs per node, but this machine has {m.have}{m.visible}. "
-        f"Fix: {fix} (GPUs / devices_per_process), or a smaller strategy.init_args.devices_per_process."
+        f"Fix: {fix} (GPUs / devices_per_process), or a smaller strategy.init_args.devices_per_process.",
+        "ddp-mp-gpus",
     )
 
 
@@ -317,9 +330,10 @@ def fp16_needs_a_gpu(m: Machine) -> str | None:
     if m.plan.precision not in ("16-mixed", "16") or m.on_gpu:
         return None
     # Lightning would warn and quietly train bf16-mixed: not what was asked for, so it stops here
-    return (
+    return with_link(
         f"precision {m.plan.precision} (fp16 AMP with loss scaling) needs a CUDA GPU; this run is on the CPU. "
-        "Fix: --trainer.precision bf16-mixed (bfloat16 autocast, works on CPUs), or run on a GPU."
+        "Fix: --trainer.precision bf16-mixed (bfloat16 autocast, works on CPUs), or run on a GPU.",
+        "fp16-on-cpu",
     )
 
 
@@ -398,9 +412,13 @@ def unwritable_folders(plan: Plan, config: Any) -> list[str]:
     for folder, what in output_folders(plan, config).items():
         if reason := unwritable(folder):
             fix = "--trainer.default_root_dir" if what.startswith("trainer") else f"{what} set to"
-            problems.append(
+            problem = (
                 f"{what} {folder} is not writable ({reason}), so no log or checkpoint could be saved. "
                 f"Fix: {fix} a folder you can write to."
+            )
+            # the run folder's own section; the others (a logger's save_dir) link to the preflight's
+            problems.append(
+                with_link(problem, "root-dir-not-writable") if what == "trainer.default_root_dir" else problem
             )
     return problems
 

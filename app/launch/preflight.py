@@ -19,6 +19,7 @@ from app.launch.plan import Plan, device_count
 from app.strategies.layout import layout_of, strategy_name
 from core.config import get
 from core.env import Launch, detect
+from core.errors import with_link
 
 __all__ = ["PreflightError", "build", "machine_problems", "preflight"]
 
@@ -79,8 +80,8 @@ def preflight(config: Any, timeout: float | None = None, echo: bool = True, hang
     if echo:
         rank_zero_info(plan.render())
     if plan.problems:
-        raise PreflightError(
-            "error: preflight: this run cannot start as configured; nothing was started.\n"
-            + "\n".join(f"  - {problem}" for problem in plan.problems)
-        )
+        head = with_link("error: preflight: this run cannot start as configured; nothing was started.", "preflight")
+        # each problem links to its own section where it has one (given by its check), else to the preflight's
+        lines = [with_link(f"  - {problem}", "preflight") for problem in plan.problems]
+        raise PreflightError("\n".join([head, *lines]))
     return plan

@@ -13,7 +13,7 @@ from typing import Any
 
 from app.launch.plan import Plan
 from core.env import Launch, main_address
-from core.errors import linked
+from core.errors import with_link
 
 _held: socket.socket | None = None  # the port hold_port keeps bound for this process's run
 
@@ -112,7 +112,7 @@ def rendezvous_errors_explained(plan: Plan | None) -> Iterator[None]:
 
         if not isinstance(err, getattr(dist, "DistError", ())) or "imed out" not in str(err) or plan is None:
             raise
-        sys.exit(linked(_explain(err, plan)))  # the error line with its troubleshooting link
+        sys.exit(with_link(_explain(err, plan), "rendezvous-timeout"))
 
 
 def _explain(err: Exception, plan: Plan) -> str:

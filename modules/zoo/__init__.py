@@ -103,6 +103,8 @@ def _fit_head(net: nn.Module, num_classes: int, source: str) -> None:
 class UnknownArchError(UserError, ValueError):
     """``model.arch`` names no network; the message suggests the closest names and lists all."""
 
+    help = "unknown-arch"
+
 
 def _random(arch: str, num_classes: int, in_channels: int, **kwargs) -> nn.Module:
     if arch in FACTORIES:

@@ -11,6 +11,7 @@ import pytest
 from jsonargparse import Namespace
 
 from app.checkpoint import find_last_checkpoint, hpc_checkpoint, resolve_last
+from core.errors import DOCS_URL
 
 
 def touch(path: Path, mtime: int) -> Path:
@@ -65,7 +66,8 @@ def test_last_without_a_checkpoint_starts_fit_from_scratch_and_stops_the_others(
     assert str(stop.value.code) == (
         f"error: --ckpt_path last: no checkpoint found in {tmp_path}/version_*/checkpoints/ or {tmp_path}/checkpoints/ "
         "(runs with --trainer.logger false). Train first with "
-        "`python cli.py fit` (same --trainer.default_root_dir), or pass --ckpt_path FILE."
+        "`python cli.py fit` (same --trainer.default_root_dir), or pass --ckpt_path FILE. "
+        f"Help: {DOCS_URL}#checkpoint-last-missing"
     )
 
 

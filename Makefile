@@ -98,7 +98,7 @@ clean:
 # The target image has Python 3.12 with torch, torchvision, lightning, torchmetrics, tensorboard and rich, no network.
 # `make gpu-wheels` (here, with network; needs no .venv) downloads what it lacks into .gpu-wheels/ (cp312, manylinux
 # x86_64) and the test photos the loader benchmark cuts its JPEGs from (the image has no scikit-image/scikit-learn/
-# matplotlib: the photos are taken out of those packages' wheels), and gzips data/MNIST/raw for the carry (read_idx
+# matplotlib: the photos are taken out of those packages' wheels), and gzips data/MNIST/raw for the offline GPU node (read_idx
 # reads .gz). `make gpu-check CALL=A` then `CALL=B` (there) install them with --no-index into .gpu-site/ (at most
 # 40 s: bench/gpu_check.py's INSTALL_BOX_S) and run one prepared call each with the image's python.
 # GPU_CHECK_CPU=1 runs the same check on the CPU at tiny sizes (CI); GPU_CHECK_OUT=DIR picks where results go.

@@ -4,7 +4,7 @@ with ``--ckpt_path last``, and whether every rank trained the same samples, per 
     python -m bench.resume_exact after                          # this checkout -> bench/results/resume_exact_after.json
     git worktree add --detach ../before OLD_COMMIT
     python -m bench.resume_exact before --app ../before         # the legs below driving an older checkout's app
-    python -m bench.resume_exact --table                        # both -> bench/results/resume_exact.md
+    python -m bench.resume_exact --table                        # both -> bench/results/resume_exact.{md,png}
 
 The legs are :mod:`tools.resume_legs`, those of ``tests/distributed/test_resume_anywhere.py`` (real CLI, real signal),
 every scenario it tests: one device in this process, the 2-process ones (``tools.resume_legs.scenarios``) in one gloo
@@ -183,6 +183,36 @@ def table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot(path: Path) -> Path:
+    """The table as a picture: per scenario, max |difference| of the final weights before and after (0 drawn as a
+    small floor on a log axis, labelled 0), from the committed results files."""
+    from bench.common import figure
+
+    before = json.loads((RESULTS / "resume_exact_before.json").read_text())
+    after = json.loads((RESULTS / "resume_exact_after.json").read_text())
+    names = [n for n in after if not n.startswith("_")]
+    floor = 1e-4
+    with figure(path, figsize=(8, 0.32 * len(names) + 1.4)) as (_, ax):
+        for offset, (label, results, color) in enumerate(
+            (("before", before, "tab:red"), ("after", after, "tab:green"))
+        ):
+            values = [results.get(n, {}).get("max_diff") for n in names]
+            ys = [i + 0.2 * (offset * 2 - 1) for i in range(len(names))]
+            ax.barh(ys, [max(v, floor) if v is not None else 0 for v in values], height=0.38, color=color, label=label)
+            for name, y, v in zip(names, ys, values, strict=True):
+                saved, stop = results.get(name, {}).get("saved_step"), after[name].get("saved_step")
+                if v == 0:  # the old app's 0 of max_steps_raised came from resuming at another step
+                    moved = f", but resumed from step {saved}" if saved != stop else ""
+                    ax.text(floor * 1.3, y, f"0{moved}", va="center", fontsize=7)
+        ax.set_xscale("log")
+        ax.set_yticks(range(len(names)), names, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("max |difference| of the final weights, resumed vs uninterrupted (log; 0 = bit for bit)")
+        ax.set_title("Stopped mid-epoch, resumed with --ckpt_path last (CPU)", fontsize=10)
+        ax.legend(loc="lower right", fontsize=8)
+    return path
+
+
 def revision(checkout: str) -> str:
     return subprocess.check_output(["git", "-C", checkout, "rev-parse", "--short", "HEAD"], text=True).strip()
 
@@ -195,9 +225,10 @@ def main() -> None:
     parser.add_argument("--workdir", default="/tmp/resume_exact")
     parser.add_argument("--table", action="store_true")
     args = parser.parse_args()
-    if args.table:
+    if args.table:  # the table and its plot, from the committed results files
         (RESULTS / "resume_exact.md").write_text(table())
         print(table())
+        print(f"wrote {plot(RESULTS / 'resume_exact.png')}")
         return
     data, out = str(Path(args.data).resolve()), Path(args.workdir).resolve() / args.label
     app = str(Path(args.app).resolve()) if args.app else None

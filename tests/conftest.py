@@ -27,10 +27,11 @@ SIGNALS = [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2]
 
 @pytest.fixture(autouse=True)
 def _global_state_restored():
-    """In-process ``main()`` changes process-wide state; each test gets back what it started with: the signal handlers,
-    every logger's level (Lightning and tools lower them) and torch's default dtype. (The step agreement of
-    ``app.callbacks.agree`` is the Trainer's, so a test's Trainer takes it along.)
+    """In-process ``main()`` changes process-wide state; each test gets back what it started with: the environment
+    variables, the signal handlers, every logger's level (Lightning and tools lower them) and torch's default dtype.
+    (The step agreement of ``app.callbacks.agree`` is the Trainer's, so a test's Trainer takes it along.)
     """
+    environ = dict(os.environ)  # Lightning's launcher and process-group set-up export MASTER_*, NODE_RANK, LOCAL_RANK
     handlers = {s: signal.getsignal(s) for s in SIGNALS}
     named = logging.Logger.manager.loggerDict.values()
     loggers = [logging.getLogger(), *(lg for lg in named if isinstance(lg, logging.Logger))]
@@ -43,6 +44,9 @@ def _global_state_restored():
             signal.signal(s, handler)
     for lg, level in levels.items():
         lg.setLevel(level)
+    if os.environ != environ:  # a later job started by this worker must not inherit LOCAL_RANK=0 (no rank 1 then)
+        os.environ.clear()
+        os.environ.update(environ)
 
 
 # --- Two test workers (make test: pytest -n 2) ------------------------------------------------------------------------

@@ -28,12 +28,6 @@ METRICS = {
 PERF = {"perf/images_per_sec", "perf/images_per_sec_per_device", "perf/data_time_frac", "perf/val_images_per_sec"}
 
 
-def _throughput_flag() -> list[str]:
-    """Adds the throughput callback unless the default config already has it (two would log the same keys)."""
-    has_it = yaml.safe_load((ROOT / "configs" / "base.yaml").read_text())["callbacks"].get("throughput", True)
-    return [] if has_it else ["--trainer.callbacks+=app.callbacks.Throughput", "--trainer.callbacks.window=5"]
-
-
 @pytest.fixture(scope="module")
 def ddp_job(mnist_dir, tmp_path_factory) -> tuple[Path, object]:
     """The job: 2 CPU processes, 2 epochs of 12 batches, no W&B credentials anywhere (empty HOME)."""
@@ -53,7 +47,7 @@ def ddp_job(mnist_dir, tmp_path_factory) -> tuple[Path, object]:
         "--data.data_dir", str(mnist_dir), "--data.batch_size", "32",
         "--trainer.strategy", "ddp", "--trainer.accelerator", "cpu", "--trainer.devices", "2",
         "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "12", "--trainer.limit_val_batches", "3",
-        "--trainer.log_every_n_steps", "4", "--trainer.enable_progress_bar", "false", *_throughput_flag(),
+        "--trainer.log_every_n_steps", "4", "--trainer.enable_progress_bar", "false",
     ]
     # fmt: on
     # cwd = the job's folder: a rank that created a stray ./wandb would show up below it

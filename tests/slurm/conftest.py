@@ -64,7 +64,7 @@ def submit(slurm_env: dict[str, str], *args: str) -> str:
     """
     env = {**slurm_env, "MASTER_PORT": str(free_port())}
     out = subprocess.run(
-        [sys.executable, "-m", "tools.sbatch", "submit", *args],
+        [sys.executable, "-m", "tools.slurm", "submit", *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]

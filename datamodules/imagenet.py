@@ -307,7 +307,8 @@ class ImageNetDataModule(ImageDataModule):
             raise ImageNetDataError(
                 f"{root.resolve()} has {len(dataset.classes)} class folders but the model is built for "
                 f"{self.num_classes} classes (data.num_classes or the class folders of train/). Make train/ and "
-                "val/ hold the same class folders."
+                "val/ hold the same class folders.",
+                help="one-class" if len(dataset.classes) == 1 else None,  # one folder: a split of one class
             )
         return dataset
 

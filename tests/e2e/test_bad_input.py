@@ -14,6 +14,7 @@ import torchvision
 
 import datamodules.mnist as mnist_module
 from app.cli import main
+from core.errors import DOCS_URL
 from datamodules.mnist import FILES, find_file
 from tests.conftest import run_cli
 from tests.troubleshooting import assert_documented
@@ -105,6 +106,20 @@ def test_imagenet_train_and_val_with_different_classes(cli, tmp_path, photos):
     code, err = cli("fit", *IMAGENET, "--data.data_dir", str(root))
     assert code == 1
     assert f"error: train/ and val/ in {root} have different class folders (in one only: cat, dog)" in err
+
+
+def test_a_val_folder_of_one_class_links_to_the_one_class_section(cli, tmp_path, photos):
+    root = shutil.copytree(photos, tmp_path / "one")
+    for folder in sorted((root / "val").iterdir())[1:]:
+        shutil.rmtree(folder)
+    code, err = cli("fit", *IMAGENET, "--data.data_dir", str(root))
+    assert code == 1
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert lines == [
+        f"error: {root / 'val'} has 1 class folders but the model is built for 6 classes (data.num_classes or the "
+        "class folders of train/). Make train/ and val/ hold the same class folders. "
+        f"Help: {DOCS_URL}#one-class"
+    ]
 
 
 def test_corrupt_jpeg_names_the_file_and_the_flag(cli, tmp_path, photos):

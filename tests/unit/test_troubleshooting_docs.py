@@ -15,7 +15,8 @@ CODE = ("core", "app", "datamodules", "modules", "tools")
 
 def anchors_in_code() -> dict[str, list[str]]:
     """anchor -> where the code gives it: ``with_link(line, "anchor")``, ``SomeError(..., help="anchor")`` and a
-    class's default ``help = "anchor"`` (an error class whose every error has the same section)."""
+    class's default ``help = "anchor"`` (an error class whose every error has the same section); an anchor chosen by a
+    condition counts each literal it may be."""
     found: dict[str, list[str]] = {}
     for package in CODE:
         for path in sorted((ROOT / package).rglob("*.py")):
@@ -33,9 +34,9 @@ def anchors_in_code() -> dict[str, list[str]]:
                         n.value for n in node.body
                         if isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "help" for t in n.targets)
                     ]  # fmt: skip
-                for value in given:
-                    if isinstance(value, ast.Constant) and isinstance(value.value, str):
-                        found.setdefault(value.value, []).append(f"{where}:{value.lineno}")
+                for leaf in (leaf for value in given for leaf in ast.walk(value)):  # also `"a" if ... else None`
+                    if isinstance(leaf, ast.Constant) and isinstance(leaf.value, str):
+                        found.setdefault(leaf.value, []).append(f"{where}:{leaf.lineno}")
     return found
 
 

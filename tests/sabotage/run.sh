@@ -6,6 +6,8 @@
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 python=${PYTHON:-$root/.venv/bin/python}
+# absolute, but not resolved: the tests run from the copy, and a venv's python is a link that must stay one
+python="$(cd "$(dirname "$python")" && pwd)/$(basename "$python")"
 names=("$@")
 [ ${#names[@]} -eq 0 ] && names=($(cd "$root/tests/sabotage" && ls *.patch | sed 's/\.patch$//'))
 survived=0

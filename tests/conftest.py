@@ -92,6 +92,26 @@ def mnist_dir() -> Path:
     return ensure_mnist(DATA_DIR)
 
 
+def short_fit(
+    root: Path,
+    data_dir: str | Path,
+    train_batches: int,
+    val_batches: int,
+    epochs: int = 1,
+    batch_size: int | None = None,
+) -> list[str]:
+    """The ``cli.py fit`` arguments the tests repeat: a short run on the CPU of the data in ``data_dir`` into ``root``,
+    ``train_batches`` and ``val_batches`` per epoch, without progress bar or model summary (add the subcommand and
+    what is particular to the test)."""
+    args = [
+        "--trainer.default_root_dir", str(root), "--data.data_dir", str(data_dir),
+        "--trainer.max_epochs", str(epochs), "--trainer.limit_train_batches", str(train_batches),
+        "--trainer.limit_val_batches", str(val_batches), "--trainer.accelerator", "cpu",
+        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+    ]  # fmt: skip
+    return args + (["--data.batch_size", str(batch_size)] if batch_size else [])
+
+
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict | None = None):
     """Runs ``python cli.py ARGS`` as a user would, returning the CompletedProcess (output captured as text)."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}

@@ -29,7 +29,7 @@ import torch
 from lightning.pytorch import Callback
 
 from app.callbacks.sigterm import EXIT_CODE
-from tests.conftest import ROOT
+from tests.conftest import ROOT, short_fit
 from tests.troubleshooting import assert_documented
 
 pytestmark = pytest.mark.xdist_group("timing")  # its pass depends on wall-clock limits: never beside another such test
@@ -81,11 +81,11 @@ class SlowSave(Callback):
 
 def args(root: Path, data_dir: Path, *extra: str) -> list[str]:
     return [
-        "fit", "--trainer.default_root_dir", str(root), "--data.data_dir", str(data_dir), "--data.batch_size", "16",
-        "--trainer.max_epochs", "1000", "--trainer.limit_train_batches", "40", "--trainer.limit_val_batches", "2",
-        "--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false",
-        "--trainer.enable_model_summary", "false", f"--trainer.callbacks+={HEARTBEAT}", *extra,
-    ]  # fmt: skip
+        "fit",
+        *short_fit(root, data_dir, 40, 2, epochs=1000, batch_size=16),
+        f"--trainer.callbacks+={HEARTBEAT}",
+        *extra,
+    ]
 
 
 def start(root: Path, data_dir: Path, *extra: str) -> subprocess.Popen:

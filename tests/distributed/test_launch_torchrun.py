@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from datamodules.base import auto_workers, available_cpus
-from tests.conftest import ROOT, free_port, port_taken
+from tests.conftest import ROOT, free_port, port_taken, short_fit
 from tests.distributed.test_faults import HEARTBEAT, beats
 from tests.troubleshooting import assert_documented
 from tests.wandb_reader import offline_runs, requires_wandb, tensorboard_scalars
@@ -26,12 +26,7 @@ PROBE = "tools.resume_probe.SampleLog"
 
 
 def fit_args(mnist_dir, root, *extra: str) -> list[str]:
-    return [
-        str(ROOT / "cli.py"), "fit", "--trainer.accelerator", "cpu", "--trainer.max_epochs", "1",
-        "--trainer.limit_train_batches", "10", "--trainer.limit_val_batches", "2",
-        "--trainer.enable_progress_bar", "false", "--data.data_dir", str(mnist_dir),
-        "--trainer.default_root_dir", str(root), *extra,
-    ]  # fmt: skip
+    return [str(ROOT / "cli.py"), "fit", *short_fit(root, mnist_dir, 10, 2), *extra]
 
 
 def torchrun(*args: str, module: str = "torch.distributed.run") -> subprocess.Popen:
@@ -85,7 +80,9 @@ def test_deprecated_torch_distributed_launch_trains_and_names_torchrun(mnist_dir
     assert "1 node(s) x 2 process(es) = world size 2" in log
     assert "GLOBAL_RANK: 0, MEMBER: 1/2" in log and "GLOBAL_RANK: 1, MEMBER: 2/2" in log
     assert "note: python -m torch.distributed.launch is deprecated" in log
-    same_job = f"torchrun --nproc_per_node 2 --master_port {port} {ROOT / 'cli.py'} fit --trainer.accelerator cpu"
+    same_job = (
+        f"torchrun --nproc_per_node 2 --master_port {port} {ROOT / 'cli.py'} fit --trainer.default_root_dir {tmp_path}"
+    )
     assert f"The same job with torchrun: {same_job}" in log
     assert f"{workers_line(2)} // 2 training process(es)" in log  # the node's CPUs shared by the launcher's 2
     one_run_folder_at_step(tmp_path, 3)

@@ -25,6 +25,7 @@ import pytest
 import torch
 from lightning.pytorch import Callback
 
+from tests.conftest import short_fit
 from tools.torchrun import run_torchrun_job
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,11 +86,11 @@ def _probe(cli) -> list[dict[str, str] | None]:
 
 def common_args(root: Path, data_dir: str) -> list[str]:
     return [
-        "--trainer.default_root_dir", str(root), "--data.data_dir", str(data_dir), "--data.batch_size", "8",
-        "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "4", "--trainer.limit_val_batches", "2",
-        "--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false",
-        "--trainer.enable_model_summary", "false", "--model.arch", "mnist_cnn", f"--trainer.callbacks+={PROBE}",
-    ]  # fmt: skip
+        *short_fit(root, data_dir, 4, 2, epochs=2, batch_size=8),
+        "--model.arch",
+        "mnist_cnn",
+        f"--trainer.callbacks+={PROBE}",
+    ]
 
 
 def three_legs(workdir: Path, data_dir: str, extra: list[str]) -> dict:

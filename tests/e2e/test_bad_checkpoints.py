@@ -18,16 +18,11 @@ import torch
 from app.checkpoint import AtomicCheckpointIO, CheckpointError, UnsafeCheckpointError
 from app.cli import main
 from app.loggers import read_identity
+from tests.conftest import short_fit
 
 
 def args(root: Path, data_dir: Path, *extra: str) -> list[str]:
-    return [
-        "--model.arch", "mnist_cnn", "--trainer.default_root_dir", str(root), "--data.data_dir", str(data_dir),
-        "--data.batch_size", "16",
-        "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1",
-        "--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false",
-        "--trainer.enable_model_summary", "false", *extra,
-    ]  # fmt: skip
+    return ["--model.arch", "mnist_cnn", *short_fit(root, data_dir, 2, 1, batch_size=16), *extra]
 
 
 class MakesDirectory:

@@ -1,4 +1,4 @@
-# `make demo`: set up and train MNIST with the default config, then print the official test-set accuracy.
+# `make demo`: set up and train MNIST with the default config, then test it on the official test set (one process).
 # `make test`: set up and run the whole test suite. `make check`: lint + the fast tier (docs/development.md).
 # `make docs`: build the documentation site into site/ (strict: a broken link or anchor fails); `make docs-serve`.
 PYTHON ?= python3
@@ -22,8 +22,7 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 venv: $(STAMP)
 
 demo: venv
-	$(BIN)/python cli.py fit
-	$(BIN)/python cli.py test --ckpt_path last
+	$(BIN)/python cli.py fit --test_after_fit best
 
 # pytest exits 5 when it collected no test: that is a failure here, and it says so.
 test: venv

@@ -17,7 +17,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from jsonargparse import ArgumentError, Namespace
@@ -128,6 +128,14 @@ class CLI(LightningCLI):
             "imagenet_apex.yaml: `stacks_on: imagenet.yaml`), so that it states only what differs.",
         )
         parser.add_argument(
+            "--test_after_fit",
+            type=Literal["none", "best", "last"],
+            default="none",
+            help="fit only: when training ends, test in the same process on the best checkpoint (the monitored "
+            "metric's) or on last.ckpt, as `cli.py test --ckpt_path best|last` would, without a second start-up. "
+            "With checkpointing off, the weights at the end of fit are tested. Ignored by validate, test and predict.",
+        )
+        parser.add_argument(
             "--trust_checkpoint",
             type=bool,
             default=False,
@@ -219,6 +227,16 @@ class CLI(LightningCLI):
         given = list(given) if isinstance(given, list) else [given]
         kwargs.setdefault("callbacks", default_callbacks(config, given) + given)
         return super().instantiate_trainer(**kwargs)
+
+    def after_fit(self) -> None:
+        """``--test_after_fit best|last``: the test set on that checkpoint, in this process."""
+        which = self._subcommand_config().test_after_fit
+        if which == "none" or self.trainer.interrupted:
+            return
+        checkpoint = self.trainer.checkpoint_callback
+        ckpt_path = which if checkpoint is not None and (checkpoint.best_model_path or which == "last") else None
+        rank_zero_info(f"test_after_fit: the test set on the {ckpt_path or 'final'} weights")
+        self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=ckpt_path)
 
     def _run_subcommand(self, subcommand: str) -> None:
         with rendezvous_errors_explained(self.plan):  # a rendezvous timeout names the ranks the plan expected

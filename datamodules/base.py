@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from core.batch import BatchPlan, resolve_batch
 from core.env import Launch, detect
+from datamodules.resident import ResidentTensors, whole_batch
 from datamodules.resumable import ResumableLoader, ResumableSampler, SeededDataset, ignore_sigint
 
 Workers = int | Literal["auto"]  # --data.num_workers 4, or auto (see auto_workers)
@@ -209,14 +210,17 @@ class ImageDataModule(LightningDataModule):
         whose training transforms draw random numbers set ``random_transforms``: each sample is then loaded with the
         generators seeded from (seed, epoch, sample), so a resumed run draws the same crops and flips.
         """
+        if isinstance(dataset, ResidentTensors):  # held on the device: one indexing per batch, no workers, no pinning
+            kwargs = dict(collate_fn=whole_batch, **kwargs)
+        workers = 0 if isinstance(dataset, ResidentTensors) else self.num_workers
         common = dict(
             batch_size=self.batch_size,
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
-            pin_memory=torch.cuda.is_available(),
-            worker_init_fn=ignore_sigint if self.num_workers > 0 else None,  # Ctrl-C: the workers stay (resumable.py)
+            num_workers=workers,
+            persistent_workers=workers > 0,
+            pin_memory=torch.cuda.is_available() and not isinstance(dataset, ResidentTensors),
+            worker_init_fn=ignore_sigint if workers > 0 else None,  # Ctrl-C: the workers stay (resumable.py)
             multiprocessing_context=worker_context(self.trainer.world_size if self.trainer else 1)
-            if self.num_workers > 0
+            if workers > 0
             else None,
             **kwargs,
         )

@@ -15,12 +15,15 @@ import os
 import tarfile
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, TensorDataset, random_split
+from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import DataLoader, Dataset, TensorDataset, random_split
 
 from core.errors import UserError
 from datamodules.base import ImageDataModule, Workers
+from datamodules.resident import Resident, ResidentTensors, decide, workers_conflict
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +156,10 @@ class MNISTDataModule(ImageDataModule):
             whole set sits in memory, so 0 is usually fastest.
         seed: seed of the train/val split (independent of the training seed).
         download: fetch the files when they are missing.
+        resident: keep the splits as tensors on the training device, so that a batch is one indexing
+            (:mod:`datamodules.resident`): ``true``, ``false`` (the DataLoader's per-sample path), or ``auto``
+            (resident when ``num_workers`` is 0 and the splits take at most a quarter of the device's free memory).
+            The sample order is the same either way.
     """
 
     num_classes = 10
@@ -168,6 +175,7 @@ class MNISTDataModule(ImageDataModule):
         seed: int = 42,
         download: bool = True,
         global_batch_size: int | None = None,
+        resident: Resident = "auto",
     ) -> None:
         super().__init__(batch_size=batch_size, global_batch_size=global_batch_size, num_workers=num_workers)
         if not 0 < val_size < 60000:
@@ -175,6 +183,30 @@ class MNISTDataModule(ImageDataModule):
         self.save_hyperparameters()
         self.data_dir = Path(data_dir)
         self.batch_size = batch_size
+        self.resident: bool | None = None  # decided in the first setup()
+
+    @classmethod
+    def config_problems(cls, init_args: Any) -> list[str]:
+        workers = init_args.get("num_workers") or 0
+        if init_args.get("resident") is True and workers:
+            return [workers_conflict(workers)]
+        return []
+
+    def _split(self, images: torch.Tensor, labels: torch.Tensor, indices: list[int] | None = None) -> Dataset:
+        """One split as the resident tensors on the training device, or as the loader path's dataset."""
+        if self.resident is None:
+            device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
+            whole = 70000 * (images[0].numel() * images.element_size() + labels.element_size())  # train + test
+            self.resident, line = decide(self.hparams.resident, self.num_workers, whole, device)
+            self.device = device
+            rank_zero_info(line)
+        if not self.resident:
+            full = TensorDataset(images, labels)
+            return full if indices is None else torch.utils.data.Subset(full, indices)
+        if indices is not None:
+            index = torch.as_tensor(indices)
+            images, labels = images[index], labels[index]
+        return ResidentTensors(images, labels, indices=indices).to(self.device)
 
     def prepare_data(self) -> None:
         if self.hparams.download:
@@ -183,12 +215,14 @@ class MNISTDataModule(ImageDataModule):
     def setup(self, stage: str | None = None) -> None:
         super().setup(stage)  # per-device batch from global_batch_size, workers check
         if stage in ("fit", "validate", None) and not hasattr(self, "train_set"):
-            full = TensorDataset(*load_split(self.data_dir, train=True))
+            images, labels = load_split(self.data_dir, train=True)
             n_val = self.hparams.val_size
             generator = torch.Generator().manual_seed(self.hparams.seed)
-            self.train_set, self.val_set = random_split(full, [len(full) - n_val, n_val], generator=generator)
+            train, val = random_split(range(len(labels)), [len(labels) - n_val, n_val], generator=generator)
+            self.train_set = self._split(images, labels, train.indices)
+            self.val_set = self._split(images, labels, val.indices)
         if stage in ("test", "predict", None) and not hasattr(self, "test_set"):
-            self.test_set = TensorDataset(*load_split(self.data_dir, train=False))
+            self.test_set = self._split(*load_split(self.data_dir, train=False))
 
     def _loader(self, dataset, shuffle: bool) -> DataLoader:
         # the base adds the unpadded evaluation sampler under distributed strategies (exact validation)

@@ -18,6 +18,7 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from core.batch import BatchPlan, linear_scaled_lr
+from core.errors import UserError
 from core.logging_steps import is_logging_step
 from modules import zoo
 
@@ -305,7 +306,7 @@ class ImageClassifier(LightningModule):
             )
         if self.lr_scheduler_factory is None:
             return optimizer
-        scheduler = self.lr_scheduler_factory(optimizer)
+        scheduler = self._scheduler(optimizer)
         self._check_schedule_length(scheduler)
         return {
             "optimizer": optimizer,
@@ -330,23 +331,63 @@ class ImageClassifier(LightningModule):
                 "--model.optimizer.init_args.eps)"
             )
 
-    def _check_schedule_length(self, scheduler) -> None:
-        """A per-step schedule with a fixed length (``LinearLR``'s ``total_iters``) must match the run's length."""
-        length = getattr(scheduler, "total_iters", None)
-        if self._trainer is None or self.hparams.lr_scheduler_interval != "step" or not isinstance(length, int):
-            return  # (configure_optimizers called by hand, without a Trainer: no run length to compare with)
+    def _run_steps(self) -> int | None:
+        """This run's optimizer steps when stepped per step under a Trainer with a finite length, else None."""
+        if self._trainer is None or self.hparams.lr_scheduler_interval != "step":
+            return None  # (configure_optimizers called by hand, without a Trainer: no run length to compare with)
         steps = self.trainer.estimated_stepping_batches
-        if not math.isfinite(steps):
+        return int(steps) if math.isfinite(steps) else None
+
+    def _scheduler(self, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
+        """The scheduler; a ``OneCycleLR`` given neither ``total_steps`` nor ``epochs`` runs over this run's steps."""
+        keywords = getattr(self.lr_scheduler_factory, "keywords", {})  # jsonargparse's functools.partial
+        steps = self._run_steps()
+        if "total_steps" in keywords and keywords["total_steps"] is None and keywords.get("epochs") is None and steps:
+            rank_zero_info(f"lr_scheduler: total_steps {steps}, this run's optimizer steps")
+            return self.lr_scheduler_factory(optimizer, total_steps=steps)
+        return self.lr_scheduler_factory(optimizer)
+
+    def on_train_start(self) -> None:
+        """A ``OneCycleLR`` shorter than the run stops it with a ValueError at the step past its end: refused here,
+        before the first step, once a resumed run has its checkpoint's schedule (which a longer run cannot extend)."""
+        steps = self._run_steps()
+        for config in self.trainer.lr_scheduler_configs:
+            scheduler = config.scheduler
+            if not isinstance(scheduler, torch.optim.lr_scheduler.OneCycleLR) or steps is None:
+                continue
+            if scheduler.total_steps >= steps:
+                continue
+            resumed = self.trainer.ckpt_path is not None
+            fix = (
+                "resume with the run's own length (its trainer.max_epochs / max_steps), or train a new cycle from its "
+                "weights: a new run with --model.weights CHECKPOINT"
+                if resumed
+                else "leave --model.lr_scheduler.init_args.total_steps out (null: the run's length) or give "
+                f"--model.lr_scheduler.init_args.total_steps {steps}"
+            )
+            raise UserError(
+                f"lr_scheduler OneCycleLR {'of the checkpoint ' if resumed else ''}runs over "
+                f"total_steps={scheduler.total_steps} optimizer steps but this run makes {steps}: it would stop the "
+                f"run with an error at step {scheduler.total_steps + 1}. Fix: {fix}."
+            )
+
+    def _check_schedule_length(self, scheduler) -> None:
+        """A per-step schedule with a fixed length (``LinearLR``'s ``total_iters``, ``OneCycleLR``'s
+        ``total_steps``) must match the run's length (a too short ``OneCycleLR``: :meth:`on_train_start`)."""
+        length = getattr(scheduler, "total_iters", getattr(scheduler, "total_steps", None))
+        steps = self._run_steps()
+        if not isinstance(length, int) or steps is None:
             return
-        if length != int(steps):
-            gap = abs(int(steps) - length)
+        if length != steps:
+            name = "total_iters" if hasattr(scheduler, "total_iters") else "total_steps"
+            gap = abs(steps - length)
             effect = (
                 f"stays at its final value for the last {gap} steps"
                 if length < steps
                 else f"stops {gap} steps before the end of its schedule (never reaching its final value)"
             )
             rank_zero_warn(
-                f"lr_scheduler {type(scheduler).__name__} runs over total_iters={length} optimizer steps but this run "
-                f"makes {int(steps)}, so the learning rate {effect}. "
-                f"Fix: --model.lr_scheduler.init_args.total_iters {int(steps)} (max_epochs x steps per epoch)."
+                f"lr_scheduler {type(scheduler).__name__} runs over {name}={length} optimizer steps but this run "
+                f"makes {steps}, so the learning rate {effect}. "
+                f"Fix: --model.lr_scheduler.init_args.{name} {steps} (max_epochs x steps per epoch)."
             )

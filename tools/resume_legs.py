@@ -12,6 +12,8 @@ import torch
 
 from tools.resume_probe import read_samples
 
+ROOT = Path(__file__).resolve().parent.parent
+
 PROBE, SIGNAL = "tools.resume_probe.SampleLog", "tools.resume_probe.SignalAt"
 STOP = 9  # 2 epochs x 6 batches: global step 9 is epoch 1, batch 3
 
@@ -20,8 +22,12 @@ EPOCH_VALUES = ("train/loss_epoch", "train/acc1_epoch", "train/acc5_epoch")
 
 
 def mnist_args(root: Path, data_dir: str, workers: int) -> list[str]:
+    """MNIST without workers: the resident path (a batch is one indexing); with workers: the DataLoader's path."""
     return [
+        # the per-step LinearLR recipe: a run raised past its first length (--trainer.max_steps) resumes its schedule
+        "--config", str(ROOT / "configs" / "mnist_2epochs.yaml"),
         "--data.data_dir", data_dir, "--data.batch_size", "8", "--data.num_workers", str(workers),
+        "--data.resident", "false" if workers else "true",
         "--model.arch", "mnist_cnn",  # dropout: the generators' states matter
     ]  # fmt: skip
 

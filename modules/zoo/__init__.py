@@ -1,5 +1,6 @@
-"""Network zoo: a name -> ``nn.Module`` factory. ``mnist_cnn``, ``mnist_fast``, ``tutorial_net`` and every torchvision
-classification architecture, randomly initialised or with pretrained weights (:mod:`modules.zoo.weights`).
+"""Network zoo: a name -> ``nn.Module`` factory. ``mnist_cnn``, ``mnist_fast``, ``mnist_lenet``, ``tutorial_net``
+and every torchvision classification architecture, randomly initialised or with pretrained weights
+(:mod:`modules.zoo.weights`).
 
 A new model touches this package only: add a factory to ``FACTORIES``.
 """
@@ -17,11 +18,13 @@ from core.errors import UserError
 from modules.zoo import weights as zoo_weights
 from modules.zoo.mnist_cnn import mnist_cnn
 from modules.zoo.mnist_fast import mnist_fast
+from modules.zoo.mnist_lenet import mnist_lenet
 from modules.zoo.tutorial_net import tutorial_net
 
 FACTORIES: dict[str, Callable[..., nn.Module]] = {
     "mnist_cnn": mnist_cnn,
     "mnist_fast": mnist_fast,
+    "mnist_lenet": mnist_lenet,
     "tutorial_net": tutorial_net,
 }
 

@@ -129,13 +129,28 @@ def job(out: Path, data_dir: str) -> None:
     """One rank of the torchrun job: the three legs of every scenario; rank 0 writes the facts."""
     import torch.distributed as dist
 
+    from app.strategies.layout import REFERENCE
+
     results = {}
     for name, (extra, workers) in scenarios().items():
         args = [*extra, "--trainer.devices", "2", "--launch.timeout", "120"]
         results[name] = legs(out / name, mnist_args(out, data_dir, workers), args, ranks=2)
     if dist.get_rank() == 0:
+        # ddp_w0 read MNIST resident, ddp_w2 through the DataLoader's workers: each rank's samples, in order
+        resident, loader = (out / f"{REFERENCE}_w{w}" / "full" for w in (0, 2))
+        results["paths_same"] = {rank: trail(resident, rank) == trail(loader, rank) for rank in (0, 1)}
+        results["paths_batches"] = [len(trail(resident, rank)) for rank in (0, 1)]
         (out / "results.json").write_text(json.dumps(results, indent=1))
     dist.barrier()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_resident_and_loader_paths_give_each_rank_the_same_samples(distributed_facts):
+    """MNIST held resident (one indexing per batch) and read through 2 loader workers: with the same seed, each rank
+    trains the same samples in the same order (12 batches each: 2 epochs of 6)."""
+    assert distributed_facts["paths_batches"] == [12, 12], distributed_facts["paths_batches"]
+    assert distributed_facts["paths_same"] == {"0": True, "1": True}, distributed_facts["paths_same"]
 
 
 @pytest.mark.slow

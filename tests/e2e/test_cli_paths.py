@@ -61,7 +61,7 @@ def chain(mnist_dir, tmp_path_factory) -> dict:
     args = [
         "--trainer.default_root_dir", str(root), "--data.data_dir", str(mnist_dir), "--data.batch_size", "64",
         "--trainer.max_epochs", "1", "--trainer.limit_train_batches", str(BATCHES), "--trainer.limit_val_batches", "4",
-        "--trainer.enable_progress_bar", "false", "--model.lr_scheduler.total_iters", str(BATCHES),
+        "--trainer.enable_progress_bar", "false",
     ]  # fmt: skip
     printed = run_cli("fit", *args, "--print_config", cwd=work)
     _ok(printed)

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SAVED_CONFIG = ROOT / "tests" / "fixtures" / "config_2026-12-01.yaml"  # written by `cli.py fit` at commit 6fa2fb8
 SHORT = [
     "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1",
-    "--trainer.limit_test_batches", "1", "--model.lr_scheduler.init_args.total_iters", "2",
+    "--trainer.limit_test_batches", "1",
     "--trainer.log_every_n_steps", "1",
 ]  # fmt: skip
 

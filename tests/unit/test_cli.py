@@ -25,7 +25,7 @@ def instantiate(*args: str, tmp_path: Path):
 def test_defaults_are_mnist(tmp_path):
     cli = instantiate(tmp_path=tmp_path)
     assert isinstance(cli.model, ImageClassifier) and isinstance(cli.datamodule, MNISTDataModule)
-    assert cli.model.hparams.arch == "mnist_fast"
+    assert cli.model.hparams.arch == "mnist_lenet"
     # linked from the datamodule, never typed twice
     assert (cli.model.hparams.num_classes, cli.model.hparams.in_channels) == (10, 1)
     # the logger writes into the run folder
@@ -75,9 +75,13 @@ def test_fragments_stack_on_the_default(fragment, tmp_path):
 def test_command_line_overrides_and_optimizer_injection(tmp_path):
     cli = instantiate(
         "--model.arch", "resnet18", "--model.optimizer", "SGD", "--model.optimizer.lr", "0.05",
-        "--model.optimizer.momentum", "0.9", "--data.batch_size", "32", tmp_path=tmp_path,
+        "--model.optimizer.momentum", "0.9", "--data.batch_size", "32",
+        "--model.lr_scheduler.init_args.total_steps", "100",  # no Trainer here to tell OneCycleLR the run's length
+        tmp_path=tmp_path,
     )  # fmt: skip
-    optimizer = cli.model.configure_optimizers()["optimizer"]
+    configured = cli.model.configure_optimizers()
+    optimizer = configured["optimizer"]
+    assert configured["lr_scheduler"]["scheduler"].total_steps == 100
     assert type(optimizer).__name__ == "SGD" and optimizer.defaults["lr"] == 0.05
     assert optimizer.defaults["momentum"] == 0.9
     assert cli.model.net.conv1.in_channels == 1 and cli.datamodule.batch_size == 32
@@ -101,7 +105,7 @@ def test_logging_off_still_trains_with_the_default_callbacks(mnist_dir, tmp_path
         ["fit", "--trainer.logger", "false", "--trainer.accelerator", "cpu", "--trainer.max_epochs", "1",
          "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "1", "--data.data_dir", str(mnist_dir),
          "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_progress_bar", "false",
-         "--model.lr_scheduler.init_args.total_iters", "3"]  # the shortened run's schedule: no warning to read
+         "--model.lr_scheduler", "null"]  # a constant lr: the second run trains on past the first one's length
     )  # fmt: skip
     assert cli.trainer.global_step == 3 and not cli.trainer.loggers
     last = tmp_path / "checkpoints" / "last.ckpt"  # no logger: no version_N folder
@@ -111,6 +115,6 @@ def test_logging_off_still_trains_with_the_default_callbacks(mnist_dir, tmp_path
         ["fit", "--trainer.logger", "false", "--trainer.accelerator", "cpu", "--trainer.max_epochs", "2",
          "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "1", "--data.data_dir", str(mnist_dir),
          "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_progress_bar", "false",
-         "--model.lr_scheduler.init_args.total_iters", "6", "--ckpt_path", "last"]
+         "--model.lr_scheduler", "null", "--ckpt_path", "last"]
     )  # fmt: skip
     assert cli.trainer.ckpt_path == str(last) and cli.trainer.global_step == 6

@@ -1,0 +1,51 @@
+"""`fit --test_after_fit best|last` tests in the same process once training ends; the default recipe's OneCycle runs
+over the run's own length, and a OneCycle shorter than the run is refused before training."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+from tests.conftest import short_fit
+
+
+def test_last_checkpoint_is_tested_after_fit(mnist_dir, tmp_path):
+    cli = main(["fit", *short_fit(tmp_path, mnist_dir, 5, 2), "--test_after_fit", "last",
+                "--trainer.limit_test_batches", "2"])  # fmt: skip
+    assert Path(cli.trainer.ckpt_path).name == "last.ckpt"  # the checkpoint trainer.test loaded
+    assert {"test/acc1", "test/loss"} <= set(cli.trainer.callback_metrics)
+    assert cli.model.evaluated["test"] == (512, 10000)  # 2 batches of 256 of the official test set
+    assert cli.trainer.global_step == 5  # training was not touched by the test
+
+
+def test_without_checkpoints_the_final_weights_are_tested(mnist_dir, tmp_path):
+    cli = main(["fit", *short_fit(tmp_path, mnist_dir, 3, 1), "--test_after_fit", "best",
+                "--trainer.enable_checkpointing", "false", "--trainer.limit_test_batches", "1"])  # fmt: skip
+    assert cli.trainer.ckpt_path is None and "test/acc1" in cli.trainer.callback_metrics
+
+
+def test_onecycle_runs_over_the_run_and_a_shorter_one_is_refused(mnist_dir, tmp_path, capsys):
+    cli = main(["fit", *short_fit(tmp_path / "a", mnist_dir, 4, 1), "--trainer.max_epochs", "2"])
+    (config,) = cli.trainer.lr_scheduler_configs
+    assert type(config.scheduler).__name__ == "OneCycleLR" and config.scheduler.total_steps == 8
+    assert cli.trainer.global_step == 8 and config.scheduler.last_epoch == 8  # stepped once per step, to its end
+    with pytest.raises(SystemExit) as refused:
+        main(["fit", *short_fit(tmp_path / "b", mnist_dir, 4, 1), "--trainer.max_epochs", "2",
+              "--model.lr_scheduler.init_args.total_steps", "5"])  # fmt: skip
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
+    assert refused.value.code == 1 and "total_steps=5 optimizer steps but this run makes 8: it would stop" in line
+    assert "--model.lr_scheduler.init_args.total_steps 8" in line
+
+
+def test_a_longer_run_resumed_from_a_onecycle_checkpoint_is_refused_checkpoint_kept(mnist_dir, tmp_path, capsys):
+    main(["fit", *short_fit(tmp_path, mnist_dir, 3, 1)])
+    last = next(tmp_path.rglob("last.ckpt"))
+    before = last.read_bytes()
+    with pytest.raises(SystemExit) as refused:
+        main(["fit", *short_fit(tmp_path, mnist_dir, 3, 1), "--trainer.max_epochs", "2", "--ckpt_path", "last"])
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
+    assert refused.value.code == 1 and "OneCycleLR of the checkpoint runs over total_steps=3" in line
+    assert "this run makes 6" in line and "--model.weights CHECKPOINT" in line
+    assert last.read_bytes() == before  # the good checkpoint is untouched

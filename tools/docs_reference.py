@@ -123,7 +123,7 @@ def markdown() -> str:
         if any(a.dest == "ckpt_path" for a in actions):
             heading, about = "`fit`'s own", "Also taken by `validate`, `test` and `predict`."
         elif heading is None:
-            heading = f"`{prefix.pop()}`" if len(prefix) == 1 else about
+            heading = f"`{prefix.pop().lstrip('-')}`" if len(prefix) == 1 else about
         out += [f"### {heading}", "", *([about, ""] if about and about != heading else []), *_table(actions, defaults)]
         out.append("")
         if any(a.dest == "data" for a in actions):

@@ -121,7 +121,10 @@ def markdown() -> str:
             "Linked arguments": "Set from the data module when the run starts; you never give them.",
         }.get(group.title, _title(group))
         if any(a.dest == "ckpt_path" for a in actions):
-            heading, about = "`fit`'s own", "Also taken by `validate`, `test` and `predict`."
+            heading, about = (
+                "The subcommand's own",
+                "`validate`, `test` and `predict` take these too, and a few of their own.",
+            )
         elif heading is None:
             heading = f"`{prefix.pop().lstrip('-')}`" if len(prefix) == 1 else about
         out += [f"### {heading}", "", *([about, ""] if about and about != heading else []), *_table(actions, defaults)]

@@ -3,8 +3,9 @@
 ``tools/docs_hooks.py`` replaces the line ``<!-- cli-options -->`` of ``docs/reference/cli.md`` with
 :func:`markdown`: every option of ``python cli.py fit --help`` (the parser :func:`app.cli.main` builds, with
 ``configs/base.yaml`` and the default recipe loaded, so the defaults are the ones a run starts from), grouped as the
-parser groups them, then the ``init_args`` of each data module. A flag that is added or renamed in the code is in the
-next build; nothing here is typed by hand. ``python -m tools.docs_reference`` prints the page's generated part.
+parser groups them, one entry per option (flags, type, default, help), then the ``init_args`` of each data module.
+A flag that is added or renamed in the code is in the next build; nothing here is typed by hand.
+``python -m tools.docs_reference`` prints the page's generated part.
 """
 
 from __future__ import annotations
@@ -48,20 +49,21 @@ def _text(help_text: str | None) -> str:
     text = " ".join((help_text or "").split())
     text = re.sub(r":\w+:`~?([^`]+)`", r"`\1`", text)  # :mod:`x` -> `x`
     text = text.replace("``", "`")
-    return text.replace("|", "\\|")
+    parts = text.split("`")  # outside code spans, <default_root_dir>/debug/rank<R>.log is text, not an HTML tag
+    parts[::2] = [part.replace("<", "&lt;").replace(">", "&gt;") for part in parts[::2]]
+    return "`".join(parts).replace("|", "\\|")
 
 
 def _type(action: argparse.Action) -> str:
     if action.option_strings[0].endswith(".help"):
-        return "class name"
+        return "a class name"
     hint = getattr(action, "_typehint", None)
     if action.choices and not hint:
-        return " \\| ".join(str(c) for c in action.choices)
+        return " | ".join(str(c) for c in action.choices)
     if hint is None:
         return ""
-    name = getattr(hint, "__name__", None) if isinstance(hint, type) else None
-    shown = name or str(hint).replace("typing.", "")
-    return _text(shown)
+    shown = getattr(hint, "__name__", None) if isinstance(hint, type) else str(hint).replace("typing.", "")
+    return re.sub(r"\b(?:[a-z_]\w*\.)+([A-Za-z_]\w*)", r"\1", shown)  # a.b.Accelerator -> Accelerator
 
 
 def _default(action: argparse.Action, defaults: Any) -> str:
@@ -75,19 +77,24 @@ def _default(action: argparse.Action, defaults: Any) -> str:
     if hasattr(value, "as_dict"):
         value = value.as_dict()
     shown = repr(value) if isinstance(value, str) else str(value)
-    if len(shown) > 60:
-        shown = shown[:57] + "..."
+    if len(shown) > 40:  # a logger's whole init_args: --print_config shows them
+        shown = shown[:37] + "..."
     return f"`{shown.replace('|', '¦')}`"
 
 
-def _row(action: argparse.Action, defaults: Any) -> str:
-    flags = ", ".join(f"`{flag}`" for flag in action.option_strings)
-    return f"| {flags} | {_type(action)} | {_default(action, defaults)} | {_text(action.help)} |"
+def _entry(action: argparse.Action, defaults: Any) -> list[str]:
+    """One option as a definition-list entry: its flags, type and default, then what it does (a list wraps on a phone,
+    where a four-column table would scroll)."""
+    head = [", ".join(f"`{flag}`" for flag in action.option_strings)]
+    if kind := _type(action):
+        head.append(f"*{_text(kind)}*")
+    if default := _default(action, defaults):
+        head.append(f"default {default}")
+    return [" · ".join(head), f":   {_text(action.help) or '-'}", ""]
 
 
 def _table(actions: list[argparse.Action], defaults: Any) -> list[str]:
-    rows = [_row(a, defaults) for a in actions if a.option_strings and a.help != _SUPPRESS]
-    return ["| option | type | default | what it does |", "|---|---|---|---|", *rows] if rows else []
+    return [line for a in actions if a.option_strings and a.help != _SUPPRESS for line in _entry(a, defaults)]
 
 
 def _title(group: argparse._ArgumentGroup) -> str:
@@ -132,9 +139,10 @@ def markdown() -> str:
         if any(a.dest == "data" for a in actions):
             for class_path in DATA_MODULES:
                 out += [
-                    f"#### `--data {class_path}`",
+                    f"#### {class_path.rpartition('.')[2]}",
                     "",
-                    f"`--data.NAME VALUE` (or `data: {{class_path: {class_path}, init_args: {{NAME: VALUE}}}}`)",
+                    f"`--data {class_path}` (a recipe's `data.class_path`), then `--data.NAME VALUE` (or"
+                    f" `data: {{class_path: {class_path}, init_args: {{NAME: VALUE}}}}`)",
                     "",
                     *data_module_rows(class_path),
                     "",

@@ -1,7 +1,8 @@
 """The troubleshooting page's quotes, as the tests that trigger each message assert them.
 
-``docs/troubleshooting.md`` has one ``## `` section per error message; a section quotes its message in a ``text``
-block, where ``<...>`` stands for a part that differs per run (a path, a number) and ``…`` for a cut long list.
+``docs/troubleshooting.md`` has one ``### `` section per error message, under ``## `` groups by symptom; a section
+quotes its message in a ``text`` block, where ``<...>`` stands for a part that differs per run (a path, a number) and
+``…`` for a cut long list.
 :func:`assert_documented` is how a test checks a line the app printed: it must end with the link to its section and
 match that section's quote. ``tests/unit/test_troubleshooting_docs.py`` requires every quote to be asserted by some
 test, so a quote cannot drift from what the app prints.
@@ -28,10 +29,12 @@ def quotes() -> dict[str, list[str]]:
     """Each section's anchor -> the lines its ``text`` blocks quote (in page order)."""
     found: dict[str, list[str]] = {}
     anchor = None
-    for block in re.split(r"(?m)^(## .*)$", PAGE.read_text()):
-        if block.startswith("## "):
-            anchor = slug(block[3:])
+    for block in re.split(r"(?m)^(#{1,3} .*)$", PAGE.read_text()):
+        if block.startswith("### "):
+            anchor = slug(block[4:])
             found[anchor] = []
+        elif block.startswith("#"):  # the page's title, a group by symptom: no section of its own
+            anchor = None
         elif anchor is not None:
             for body in re.findall(r"```text\n(.*?)```", block, flags=re.S):
                 found[anchor] += [line for line in body.splitlines() if line.strip()]

@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="docs-shots-") as profile:
             for n, page in enumerate(pages):
-                png = args.out / f"{n:02d}-{page.removesuffix('.md')}.png"
+                png = args.out / f"{n:02d}-{page.removesuffix('.md').replace('/', '-')}.png"  # how-to/x.md: one file
                 screenshot(chromium, base + url_of(page), png, args.width, args.height, Path(profile))
                 for path in tiles(png, args.tile):
                     print(path)

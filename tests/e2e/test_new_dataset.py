@@ -1,4 +1,4 @@
-"""A new data set costs what docs/architecture.md says: one DataModule and one recipe config, no other file.
+"""A new data set costs what docs/explanation/architecture.md says: one DataModule and one recipe config, no other file.
 
 The DataModule is defined here (``Stripes``: IDX files this test writes, 28x28 images of horizontal, vertical and
 diagonal stripes under noise, 3 classes), the recipe is a YAML file written next to the data, and the app's real CLI

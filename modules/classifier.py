@@ -342,10 +342,27 @@ class ImageClassifier(LightningModule):
         """The scheduler; a ``OneCycleLR`` given neither ``total_steps`` nor ``epochs`` runs over this run's steps."""
         keywords = getattr(self.lr_scheduler_factory, "keywords", {})  # jsonargparse's functools.partial
         steps = self._run_steps()
-        if "total_steps" in keywords and keywords["total_steps"] is None and keywords.get("epochs") is None and steps:
-            rank_zero_info(f"lr_scheduler: total_steps {steps}, this run's optimizer steps")
-            return self.lr_scheduler_factory(optimizer, total_steps=steps)
-        return self.lr_scheduler_factory(optimizer)
+        given_lr = optimizer.param_groups[0]["lr"]
+        if isinstance(keywords.get("max_lr"), float) and keywords["max_lr"] != given_lr:
+            rank_zero_warn(
+                f"lr_scheduler OneCycleLR sets the learning rate from its max_lr {keywords['max_lr']:g}: the "
+                f"optimizer's lr {given_lr:g} is not used. To change the peak learning rate: "
+                f"--model.lr_scheduler.init_args.max_lr {given_lr:g}"
+            )
+        fill = "total_steps" in keywords and keywords["total_steps"] is None and keywords.get("epochs") is None
+        try:
+            if fill and steps:
+                rank_zero_info(f"lr_scheduler: total_steps {steps}, this run's optimizer steps")
+                return self.lr_scheduler_factory(optimizer, total_steps=steps)
+            return self.lr_scheduler_factory(optimizer)
+        except ZeroDivisionError as err:  # OneCycleLR whose warm-up phase is 0 steps long (pct_start x steps = 1)
+            raise UserError(
+                f"lr_scheduler {getattr(getattr(self.lr_scheduler_factory, 'args', [None])[-1], '__name__', '')} "
+                f"cannot schedule a run of "
+                f"{steps} optimizer steps with pct_start {keywords.get('pct_start')}: one of its phases would last 0 "
+                "steps. Fix: another --model.lr_scheduler.init_args.pct_start, a longer run, or --model.lr_scheduler "
+                "null (a constant learning rate)."
+            ) from err
 
     def on_train_start(self) -> None:
         """A ``OneCycleLR`` shorter than the run stops it with a ValueError at the step past its end: refused here,

@@ -243,9 +243,9 @@ def test_the_nan_stop_is_one_line_on_every_rank_and_saves_no_weights_only_checkp
         "    - class_path: app.callbacks.AMPHealth\n"
     )
     done = run_cli(
-        *fit(tmp_path, *FAST, "--config", str(config)), "--data.data_dir", str(mnist_dir), "--model.arch", "mnist_cnn",
-        "--model.optimizer.init_args.lr", "1e12", "--trainer.limit_train_batches", "8", "--data.batch_size", "16",
-        "--trainer.val_check_interval", "0.5",
+        *fit(tmp_path, *FAST, "--config", str(ROOT / "configs" / "mnist_2epochs.yaml"), "--config", str(config)),
+        "--data.data_dir", str(mnist_dir), "--model.arch", "mnist_cnn", "--model.optimizer.init_args.lr", "1e12",
+        "--trainer.limit_train_batches", "8", "--data.batch_size", "16", "--trainer.val_check_interval", "0.5",
         "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.logger", "false", timeout=300,
     )  # fmt: skip
     line = one_error(done, "non-finite-loss", ranks=2)

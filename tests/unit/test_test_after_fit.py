@@ -49,3 +49,17 @@ def test_a_longer_run_resumed_from_a_onecycle_checkpoint_is_refused_checkpoint_k
     assert refused.value.code == 1 and "OneCycleLR of the checkpoint runs over total_steps=3" in line
     assert "this run makes 6" in line and "--model.weights CHECKPOINT" in line
     assert last.read_bytes() == before  # the good checkpoint is untouched
+
+
+def test_onecycle_names_what_it_cannot_schedule_and_an_unused_optimizer_lr(mnist_dir, tmp_path, capsys, recwarn):
+    with pytest.raises(SystemExit) as refused:  # pct_start x steps = 1: torch's OneCycleLR divides by zero
+        main(["fit", *short_fit(tmp_path / "a", mnist_dir, 4, 1), "--model.lr_scheduler.init_args.pct_start", "0.25"])
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
+    assert refused.value.code == 1
+    assert "OneCycleLR cannot schedule a run of 4 optimizer steps with pct_start 0.25" in line
+    main(["fit", *short_fit(tmp_path / "b", mnist_dir, 2, 1), "--model.optimizer.init_args.lr", "0.05"])
+    said = [str(w.message) for w in recwarn if "OneCycleLR sets the learning rate" in str(w.message)]
+    assert said == [
+        "lr_scheduler OneCycleLR sets the learning rate from its max_lr 0.01: the optimizer's lr 0.05 is not used. "
+        "To change the peak learning rate: --model.lr_scheduler.init_args.max_lr 0.05"
+    ]

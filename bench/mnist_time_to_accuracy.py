@@ -37,10 +37,8 @@ from datamodules.mnist import ensure_mnist, load_split
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "mnist_time_to_accuracy"
-SMOKE_APP_ARGS = [
-    "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "5", "--trainer.limit_val_batches", "2",
-    "--model.lr_scheduler.init_args.total_iters", "5",
-]  # fmt: skip
+SMOKE_APP_ARGS = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "5", "--trainer.limit_val_batches", "2"]
+ANCHOR = "tuomaso/train_mnist_fast: 99.04% (mean of 30 seeds) in 0.76 s of training on a GTX 1660 Ti"
 
 
 def device_for(accelerator: str) -> torch.device:
@@ -191,6 +189,10 @@ def markdown(results: dict[str, Any]) -> str:
     app, ref = (reached(results["runs"].get(k, {"epochs": []}), s["target"]) for k in ("app", "pytorch_example"))
     if app and ref:
         lines += ["", f"Speed-up to {s['target']}%: {ref['train_wall_s'] / app['train_wall_s']:.2f}x."]
+    if s.get("warmup"):
+        lines += ["", "The app's run is the second in this process: a first, untimed run warmed the device up."]
+    if s["device"].startswith("cuda"):
+        lines += ["", f"Anchor: {ANCHOR}."]
     lines += [
         "",
         "Per epoch:",
@@ -236,6 +238,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--smoke", action="store_true", help="code-path check: 1 epoch of 5 training batches per run (results in runs/)"
     )
     parser.add_argument("--out", type=Path, default=None, help="folder for the JSON/MD/PNG (default bench/results)")
+    parser.add_argument("--name", default=NAME, help=f"the results files' name (default {NAME})")
+    parser.add_argument("--warmup", action="store_true", help="train the app's run once untimed first (on a GPU)")
     parser.add_argument("app_args", nargs="*", help="extra app CLI arguments after --, e.g. -- --model.arch mnist_cnn")
     args = parser.parse_args(argv)
     if args.smoke:  # both runs cut to 5 training batches of one epoch; the test-set evaluation stays whole
@@ -257,6 +261,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.only not in (None, name):
             continue
         print(f"{name}:", flush=True)
+        if name == "app" and args.warmup:  # CUDA context, cuDNN's choices, the allocator: paid once, not timed
+            print("  warm-up run (not reported)", flush=True)
+            run_app(data_dir, args.accelerator, args.app_args)
+            results["settings"]["warmup"] = True
         before = os.getloadavg()[0]
         if name == "app":
             results["runs"][name] = run_app(data_dir, args.accelerator, args.app_args)
@@ -266,9 +274,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             )
         results["settings"]["load"][name] = f"{before:.1f}/{os.getloadavg()[0]:.1f}"
         # written after each run: a long second run that is stopped leaves the first one's results
-        write_json(args.out / f"{NAME}.json", results)
-        (args.out / f"{NAME}.md").write_text(markdown(results))
-        plot(results, args.out / f"{NAME}.png")
+        write_json(args.out / f"{args.name}.json", results)
+        (args.out / f"{args.name}.md").write_text(markdown(results))
+        plot(results, args.out / f"{args.name}.png")
     print(markdown(results))
     return results
 

@@ -5,8 +5,8 @@ default recipe as ``python cli.py fit --trainer.devices 2 --trainer.strategy ddp
 (Lightning's launcher, gloo), one epoch, with ``--data.resident true`` and with ``--data.resident false`` (the
 per-sample path, batches stacked in the training process, as before), and reads each rank's step time and data
 wait (the share of its own time spent waiting for the next batch, measured by ``app.callbacks.Stragglers``) from the
-run's ``summary.json``.
-Writes ``results/resident.{json,md}``. ``--smoke``: 10 batches (a check of this script; results in runs/bench-smoke).
+run's ``summary.json``. Writes ``results/resident.{json,md,png}``. ``--smoke``: 10 batches (a check of this script;
+results in runs/bench-smoke).
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS, ROOT, machine, machine_line, write_json
+import yaml
+
+from bench.common import RESULTS, ROOT, figure, machine, machine_line, write_json
 from bench.demo import timed
 
 DDP = ["--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.accelerator", "cpu"]
@@ -31,7 +33,14 @@ def one(path: str, extra: list[str]) -> dict[str, Any]:
         load = os.getloadavg()[0]
         seconds, _ = timed(["fit", *DDP, *PATHS[path], "--trainer.default_root_dir", tmp, *extra])
         summary = json.loads(next(Path(tmp).glob("version_*/summary.json")).read_text())
+        config = yaml.safe_load(next(Path(tmp).glob("version_*/config.yaml")).read_text())
+    global_batch = config["data"]["init_args"]["batch_size"] * summary["world size"]
+    step_ms = 1000 * global_batch / summary["mean images/s (global)"]  # the whole step: compute, collectives, data
+    for r in summary["per rank"]:
+        r["data_wait_ms"] = r["step_ms"] * r["data_wait_frac"]
+        r["data_wait_of_step"] = r["data_wait_ms"] / step_ms
     return {
+        "step_ms": step_ms,
         "wall_s": round(seconds, 1),
         "load_before": round(load, 2),
         "images_per_s": summary["mean images/s (global)"],
@@ -48,16 +57,39 @@ def markdown(result: dict[str, Any]) -> str:
         f"Machine: {machine_line(result['machine'])}. Command: `python -m bench.resident{extra}`: `python cli.py fit "
         f"{' '.join(DDP)}` with `--data.resident true`, then `false`, one epoch of the default recipe each.",
         "",
-        "| path | rank | step (ms) | data wait (% of the step) | images/s (global) | fit wall time (s) | load before |",
-        "|---|---|---|---|---|---|---|",
+        "Data wait: from the end of a rank's step to the start of its next (the next batch, and Lightning's loop "
+        "between steps). The training summary divides it by the rank's own time outside forward and backward "
+        "(`own`); here it is also divided by the whole step (global batch / global images/s).",
+        "",
+        "| path | rank | whole step (ms) | own (ms) | data wait (ms) | data wait, % of own | data wait, % of the "
+        "whole step | images/s (global) | fit wall time (s) | load before |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for path, run in result["paths"].items():
         for r in run["per_rank"]:
             lines.append(
-                f"| {path} | {r['rank']} | {r['step_ms']:.1f} | {100 * r['data_wait_frac']:.1f}% | "
-                f"{run['images_per_s']:,.0f} | {run['wall_s']} | {run['load_before']} |"
+                f"| {path} | {r['rank']} | {run['step_ms']:.1f} | {r['step_ms']:.1f} | {r['data_wait_ms']:.2f} | "
+                f"{r['data_wait_frac']:.1%} | {r['data_wait_of_step']:.1%} | {run['images_per_s']:,.0f} | "
+                f"{run['wall_s']} | {run['load_before']} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    with figure(path, figsize=(6.4, 3.2)) as (_, ax):
+        labels, waits, steps = [], [], []
+        for name, run in result["paths"].items():
+            for r in run["per_rank"]:
+                labels.append(f"{name}\nrank {r['rank']}")
+                waits.append(100 * r["data_wait_of_step"])
+                steps.append(r["data_wait_ms"])
+        bars = ax.bar(labels, waits, color=["tab:green" if "resident" in label else "tab:grey" for label in labels])
+        for bar, ms in zip(bars, steps, strict=True):
+            ax.annotate(f"{ms:.1f} ms", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
+                        va="bottom", fontsize=8)  # fmt: skip
+        ax.set_ylabel("data wait (% of the whole step)")
+        ax.set_title("2-process ddp MNIST fit (CPU, gloo): resident vs DataLoader")
+        ax.grid(axis="y", alpha=0.3)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -74,6 +106,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "resident.json", result)
     (out / "resident.md").write_text(markdown(result))
+    plot(result, out / "resident.png")
     print(markdown(result))
     return result
 

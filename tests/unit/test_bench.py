@@ -176,7 +176,7 @@ def test_mnist_time_to_accuracy_smoke(mnist_dir, tmp_path):
     assert job.returncode == 0, job.stdout[-2000:] + job.stderr[-4000:]
     saved = json.loads((tmp_path / "mnist_time_to_accuracy.json").read_text())
     assert saved["settings"]["smoke"] is True and saved["settings"]["target"] == 99.0
-    images = {"app": 5 * 128, "pytorch_example": 5 * 64}  # 5 batches of each recipe's batch size
+    images = {"app": 5 * 256, "pytorch_example": 5 * 64}  # 5 batches of each recipe's batch size
     assert set(saved["runs"]) == set(images)
     for name, run in saved["runs"].items():
         (epoch,) = run["epochs"]  # one epoch each
@@ -185,7 +185,7 @@ def test_mnist_time_to_accuracy_smoke(mnist_dir, tmp_path):
         assert 0 < epoch["train_wall_s"] <= epoch["wall_with_test_eval_s"] <= run["fit_wall_s"]
     table = (tmp_path / "mnist_time_to_accuracy.md").read_text()
     assert table.startswith("# MNIST time to 99.0% test accuracy (SMOKE: 5 batches per run)")
-    assert "| app | configs/mnist.yaml: mnist_fast, SGD, batch 128, 1 epochs" in table
+    assert "| app | configs/mnist.yaml: mnist_lenet, Adam, batch 256, 1 epochs" in table
     assert "| pytorch_example | pytorch/examples mnist" in table and table.count("| not in 1 | - | - |") == 2
     _valid_png(tmp_path / "mnist_time_to_accuracy.png")
 
@@ -223,3 +223,50 @@ def test_gpu_check_steps_keep_the_inherited_pythonpath(monkeypatch, tmp_path):
     code = "import only_in_gpu_site, bench.gpu_check; print('imported both')"
     row = _subprocess_step("imports", [sys.executable, "-c", code], 60, {"PYTHONPATH": str(ROOT)})
     assert row["status"] == "passed" and "imported both" in row["output"], row
+
+
+@pytest.mark.slow  # a cli.py process
+def test_demo_smoke_runs_make_demos_command_and_reads_its_figures(tmp_path):
+    from bench import demo
+
+    result = demo.main(["--smoke", "--out", str(tmp_path)])
+    (run,) = result["runs"]
+    assert run["seed"] == 1234 and run["resident"] and run["steps"] == 5 and run["test_images"] == "512/10000"
+    assert _finite_positive(run["wall_s"]) and 0 < run["test_acc1"] < 1 and result["before"] is None
+    table = (tmp_path / "demo.md").read_text()
+    assert "`python cli.py fit --test_after_fit best`" in table and "| seeds at or above 99.0% test accuracy |" in table
+
+
+@pytest.mark.slow
+@pytest.mark.distributed  # two 2-process gloo fits
+def test_resident_smoke_reads_each_ranks_data_wait(tmp_path):
+    from bench import resident
+
+    result = resident.main(["--smoke", "--out", str(tmp_path)])
+    for path in ("resident", "loader"):
+        ranks = result["paths"][path]["per_rank"]
+        assert [r["rank"] for r in ranks] == [0, 1] and all(0 <= r["data_wait_of_step"] < 1 for r in ranks), ranks
+    assert (tmp_path / "resident.md").read_text().count("| resident |") == 2
+    _valid_png(tmp_path / "resident.png")
+
+
+@pytest.mark.slow  # four python processes
+def test_startup_smoke_splits_the_time_to_the_first_step(tmp_path):
+    from bench import startup
+
+    result = startup.main(["--repeats", "1", "--out", str(tmp_path)])
+    assert list(result["split_s"]) == startup.LEGS and all(_finite_positive(v) for v in result["split_s"].values())
+    assert set(result["floors_s"]) == set(startup.FLOORS)
+    assert "The app adds" in (tmp_path / "startup.md").read_text()
+    _valid_png(tmp_path / "startup.png")
+
+
+@pytest.mark.slow  # one epoch of the default recipe
+def test_mnist_recipe_smoke_chooses_on_validation_only(mnist_dir, tmp_path):
+    from bench import mnist_recipe
+
+    result = mnist_recipe.main(["--only", "1", "--seeds", "1", "--out", str(tmp_path)])
+    (candidate,) = result["candidates"].values()
+    assert 0.9 < candidate["val_acc1"]["mean"] < 1 and 0.9 < candidate["test_acc1"]["mean"] < 1
+    chosen = candidate["val_acc1"]["mean"] >= mnist_recipe.TARGET
+    assert result["chosen"] == (next(iter(result["candidates"])) if chosen else None)

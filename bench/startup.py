@@ -1,0 +1,164 @@
+"""Start-up: what the app adds to Lightning's own import, and where the time to the first training step goes.
+
+``python -m bench.startup`` (about a minute on 2 CPU cores), each measurement ``--repeats`` times (median):
+
+- the floors: ``python -c "import torch"`` and ``python -c "import lightning.pytorch"`` (Lightning imports torch,
+  torchmetrics, and through torchmetrics torchvision and torch._dynamo);
+- ``python cli.py fit --help``: Lightning's import plus the app's modules and the CLI parser built from the configs;
+- ``python cli.py fit`` of the default recipe up to its first training step, split into: the interpreter's start,
+  imports (``app.cli``), parsing the configs and building the classes (``main(run=False)``), the data set-up (MNIST
+  read and held resident), the model set-up (optimizer, scheduler, the sanity check on 2 validation batches) and the
+  first step. Each leg is timed inside a child process started for it (``--probe``), from the parent's clock.
+
+Writes ``results/startup.{json,md,png}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+# only the standard library here: the probe's child process measures its own imports (bench.common imports torch)
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+FLOORS = {
+    "python -c 'import torch'": ["-c", "import torch"],
+    "python -c 'import lightning.pytorch'": ["-c", "import lightning.pytorch"],
+    "python cli.py fit --help": ["cli.py", "fit", "--help"],
+}
+LEGS = ["interpreter start", "imports (app.cli)", "parse configs, build classes", "data set-up", "model set-up and "
+        "sanity check", "first training step"]  # fmt: skip
+
+
+def wall(args: list[str]) -> float:
+    start = time.perf_counter()
+    subprocess.run([sys.executable, *args], cwd=ROOT, check=True, capture_output=True)
+    return time.perf_counter() - start
+
+
+def probe(spawned: float, root: str) -> None:
+    """In the child: the clock (``time.time()``) at each leg's end, printed as JSON on the last line."""
+    marks = {"interpreter start": time.time()}
+    from lightning.pytorch import Callback
+
+    from app.cli import main
+
+    marks["imports (app.cli)"] = time.time()
+
+    class Marks(Callback):
+        def setup(self, trainer, pl_module, stage):  # after the DataModule's setup
+            marks.setdefault("data set-up", time.time())
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            marks.setdefault("model set-up and sanity check", time.time())
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            marks.setdefault("first training step", time.time())
+
+    cli = main(["--trainer.default_root_dir", root, "--trainer.max_steps", "1", "--trainer.limit_val_batches", "2",
+                "--trainer.enable_progress_bar", "false"], run=False)  # fmt: skip
+    marks["parse configs, build classes"] = time.time()
+    cli.trainer.callbacks.append(Marks())
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    ends = [marks[leg] for leg in LEGS]
+    print(json.dumps(dict(zip(LEGS, [b - a for a, b in zip([spawned, *ends], ends, strict=False)], strict=True))))
+
+
+def split() -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="startup-") as root:
+        spawned = time.time()
+        done = subprocess.run(
+            [sys.executable, "-m", "bench.startup", "--probe", str(spawned), root],
+            cwd=ROOT, check=True, capture_output=True, text=True,
+        )  # fmt: skip
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run(repeats: int) -> dict[str, Any]:
+    from bench.common import machine
+
+    floors = {name: [wall(args) for _ in range(repeats)] for name, args in FLOORS.items()}
+    splits = [split() for _ in range(repeats)]
+    return {
+        "machine": machine(),
+        "repeats": repeats,
+        "floors_s": {name: statistics.median(v) for name, v in floors.items()},
+        "floors_all_s": floors,
+        "split_s": {leg: statistics.median(s[leg] for s in splits) for leg in LEGS},
+        "splits_all_s": splits,
+    }
+
+
+def markdown(result: dict[str, Any]) -> str:
+    from bench.common import machine_line
+
+    floors, legs = result["floors_s"], result["split_s"]
+    lightning, help_ = floors["python -c 'import lightning.pytorch'"], floors["python cli.py fit --help"]
+    lines = [
+        "# Start-up: Lightning's floor, what the app adds, and the time to the first training step",
+        "",
+        f"Machine: {machine_line(result['machine'])}. Command: `python -m bench.startup` (median of "
+        f"{result['repeats']} runs of each).",
+        "",
+        "| command | wall time (s) |",
+        "|---|---|",
+        *(f"| `{name}` | {seconds:.2f} |" for name, seconds in floors.items()),
+        "",
+        f"The app adds {help_ - lightning:.2f} s to `import lightning.pytorch` in `cli.py fit --help` (its own modules "
+        "and the CLI parser built from the configs); torch's and Lightning's imports are the floor.",
+        "",
+        "`python cli.py fit` (the default recipe), from the process start to the end of its first training step:",
+        "",
+        "| leg | seconds |",
+        "|---|---|",
+        *(f"| {leg} | {seconds:.2f} |" for leg, seconds in legs.items()),
+        f"| **total** | **{sum(legs.values()):.2f}** |",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    from bench.common import figure
+
+    floors, legs = result["floors_s"], result["split_s"]
+    with figure(path, figsize=(7.0, 3.4)) as (_, ax):
+        left = 0.0
+        for leg, seconds in legs.items():
+            ax.barh(["cli.py fit to its\nfirst step"], [seconds], left=left, label=leg)
+            left += seconds
+        floor = floors["python -c 'import lightning.pytorch'"]
+        ax.barh(["python -c 'import\nlightning.pytorch'\n(start to exit)"], [floor], color="tab:grey")
+        ax.set_xlabel("seconds from the process start")
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=3)
+        ax.set_title("Start-up of the default MNIST run (2-core CPU)")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any] | None:
+    parser = argparse.ArgumentParser(prog="python -m bench.startup", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for startup.{json,md}")
+    parser.add_argument("--probe", nargs=2, metavar=("SPAWNED", "ROOT"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.probe:
+        probe(float(args.probe[0]), args.probe[1])
+        return None
+    from bench.common import write_json
+
+    result = run(args.repeats)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_json(args.out / "startup.json", result)
+    (args.out / "startup.md").write_text(markdown(result))
+    plot(result, args.out / "startup.png")
+    print(markdown(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -26,6 +26,10 @@ SYNCBN_STEPS = 5  # the SyncBatchNorm scenarios (also across an epoch boundary)
 # (a max-pool or ReLU choice between nearly equal values flips) to ~1e-3 in 5 steps, even between two single-device
 # runs whose BatchNorm differs only in memory layout; in float64 the algorithm itself is compared.
 FP64 = ["--trainer.precision", "64-true"]
+# the previous MNIST recipe (per-step warm-up and linear decay), which the committed parity results were measured with;
+# the default recipe's OneCycleLR would set the lr itself (max_lr) and start it 25x lower
+# (given before the data arguments: they need its data.class_path)
+RECIPE = ["--config", str(Path(__file__).resolve().parent.parent / "configs" / "mnist_2epochs.yaml")]
 SGD = ["--model.optimizer", "SGD", "--model.optimizer.lr", "0.05", "--model.optimizer.momentum", "0.9"]
 # the registry's modes, by what their layouts claim (app.strategies.layout): exact vs one device in fp32, close (fp16
 # on the wire), and the fp16 GradScaler scenario
@@ -52,8 +56,8 @@ class HalveGradientsAfterBackward(Callback):
 
 
 def scenarios(data_dir: str) -> list[dict]:
-    # mnist_cnn: no BatchNorm, so every mode must equal one device exactly (the default mnist_fast has BatchNorm)
-    common = ["--data.data_dir", str(data_dir), "--data.batch_size", "8", "--model.arch", "mnist_cnn", *SGD]
+    # mnist_cnn: no BatchNorm, so every mode must equal one device exactly (mnist_fast has BatchNorm)
+    common = [*RECIPE, "--data.data_dir", str(data_dir), "--data.batch_size", "8", "--model.arch", "mnist_cnn", *SGD]
     fast = [*common, "--model.arch", "mnist_fast", "--trainer.limit_train_batches", "3"]
     return [
         {  # the MNIST example's network (no BatchNorm); plus the wire-compressed all-reduce

@@ -52,7 +52,8 @@ def test_single_device_mid_epoch_resume_is_exact(mnist_dir, tmp_path, recwarn, c
     check(accumulated, stop=4, steps=6, batches=12)
     assert accumulated["loader_state"][0]["batches"] == 2, accumulated
     # another per-device batch, mid-epoch: one line naming the fix, nothing trained
-    batch16 = [*data[:3], "16", *data[4:]]
+    at = data.index("--data.batch_size") + 1
+    batch16 = [*data[:at], "16", *data[at + 1 :]]
     with pytest.raises(SystemExit) as refused:
         fit(tmp_path / "batch16", batch16, ["--ckpt_path", facts["stopped_ckpt"]])
     err = capsys.readouterr().err

@@ -132,6 +132,7 @@ def test_the_flag_trains_on_cpu_processes(strategy, mnist_dir, tmp_path):
     root = tmp_path / "run"
     result = run_cli(
         "fit", "--trainer.strategy", strategy, "--trainer.sync_batchnorm", "true", "--trainer.accelerator", "cpu",
+        "--model.arch", "mnist_fast",  # BatchNorm layers to convert
         "--trainer.devices", "2", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "4",
         "--trainer.limit_val_batches", "2", "--data.batch_size", "16", "--trainer.enable_progress_bar", "false",
         "--trainer.callbacks+=tests.distributed.test_sync_batchnorm.SyncedDuringFit", "--launch.timeout", "120",

@@ -23,7 +23,7 @@ from tests.wandb_reader import offline_runs, requires_wandb, tensorboard_scalars
 WANDB_CONFIG = ROOT / "configs" / "logger" / "wandb.yaml"
 METRICS = {
     "train/loss", "train/acc1", "train/acc5", "train/loss_epoch", "train/acc1_epoch", "train/acc5_epoch",
-    "val/loss", "val/acc1", "val/acc5", "lr-SGD",
+    "val/loss", "val/acc1", "val/acc5", "lr-Adam",
 }  # fmt: skip
 PERF = {"perf/images_per_sec", "perf/images_per_sec_per_device", "perf/data_time_frac", "perf/val_images_per_sec"}
 

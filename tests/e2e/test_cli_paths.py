@@ -82,7 +82,7 @@ def chain(mnist_dir, tmp_path_factory) -> dict:
 def test_print_config_runs_and_is_what_the_run_saves(chain):
     root = chain["root"]
     printed = yaml.safe_load(chain["printed"])
-    assert printed["trainer"]["limit_train_batches"] == BATCHES and printed["model"]["arch"] == "mnist_fast"
+    assert printed["trainer"]["limit_train_batches"] == BATCHES and printed["model"]["arch"] == "mnist_lenet"
     assert printed["trainer"]["default_root_dir"] == str(root)
     assert printed["trainer"]["logger"]["init_args"]["save_dir"] is None  # "the run folder", filled in at start
     saved = yaml.safe_load((root / "version_0" / "config.yaml").read_text())

@@ -62,7 +62,7 @@ from app.loggers import (
 from app.quiet import silence_known_noise
 from app.sync_batchnorm import with_sync_batchnorm
 from app.trainer import Trainer
-from core.env import detect, split_local_rank
+from core.env import detect, seconds_since_process_start, split_local_rank
 from core.errors import UsageError, UserError, explain_parser_error, one_line, parser_options, say, with_link
 from modules import ImageClassifier
 
@@ -251,7 +251,13 @@ class CLI(LightningCLI):
         checkpoint = self.trainer.checkpoint_callback
         ckpt_path = which if checkpoint is not None and (checkpoint.best_model_path or which == "last") else None
         rank_zero_info(f"test_after_fit: the test set on the {ckpt_path or 'final'} weights")
-        self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=ckpt_path)
+        results = self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=ckpt_path)
+        acc, took = (results[0].get("test/acc1") if results else None), seconds_since_process_start()
+        if acc is not None:  # what `make demo` ends with: the accuracy, and what it cost
+            rank_zero_info(
+                f"test_after_fit: test/acc1 {acc:.2%} on the {ckpt_path or 'final'} weights"
+                + (f"; {took:.1f} s since this process started, imports, fit and test included" if took else "")
+            )
 
     def _run_subcommand(self, subcommand: str) -> None:
         with rendezvous_errors_explained(self.plan):  # a rendezvous timeout names the ranks the plan expected

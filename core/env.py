@@ -18,6 +18,7 @@ import re
 import shlex
 import socket
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -243,3 +244,15 @@ def resolves(host: str) -> bool:
     except OSError:
         return False
     return True
+
+
+def seconds_since_process_start() -> float | None:
+    """Wall seconds since this process started (Linux: ``/proc/self/stat``'s start time against the boot clock), so
+    that a run can say what it cost, imports included; None where that is not available."""
+    try:
+        with open("/proc/self/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()  # the fields after the command name, from field 3 on
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: start time, in clock ticks after boot
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - started
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None

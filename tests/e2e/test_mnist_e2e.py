@@ -32,6 +32,10 @@ def test_the_default_recipe_reaches_99_percent_then_tests_in_the_same_process(mn
     assert "test: evaluated 10000/10000 images" in said  # the whole official test set, after training
     in_process = _acc(fit.stdout)
     assert in_process >= 0.99
+    # the last line: the accuracy and what the whole command cost (make demo ends with it)
+    (last,) = re.findall(r"test_after_fit: test/acc1 ([0-9.]+)% on the best weights; ([0-9.]+) s since this process "
+                         r"started, imports, fit and test included", said)  # fmt: skip
+    assert float(last[0]) == pytest.approx(100 * in_process, abs=0.006) and 1 < float(last[1]) < 600, last
 
     test = run_cli("test", *common, "--ckpt_path", "last")
     assert test.returncode == 0, test.stderr[-3000:]

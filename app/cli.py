@@ -250,12 +250,13 @@ class CLI(LightningCLI):
             return
         checkpoint = self.trainer.checkpoint_callback
         ckpt_path = which if checkpoint is not None and (checkpoint.best_model_path or which == "last") else None
-        rank_zero_info(f"test_after_fit: the test set on the {ckpt_path or 'final'} weights")
+        weights = ckpt_path or "final"
+        rank_zero_info(f"test_after_fit: the test set on the {weights} weights")
         results = self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=ckpt_path)
         acc, took = (results[0].get("test/acc1") if results else None), seconds_since_process_start()
         if acc is not None:  # what `make demo` ends with: the accuracy, and what it cost
             rank_zero_info(
-                f"test_after_fit: test/acc1 {acc:.2%} on the {ckpt_path or 'final'} weights"
+                f"test_after_fit: test/acc1 {acc:.2%} on the {weights} weights"
                 + (f"; {took:.1f} s since this process started, imports, fit and test included" if took else "")
             )
 

@@ -189,6 +189,23 @@ def report(
     return results
 
 
+def save(
+    out: Path,
+    name: str,
+    result: dict[str, Any],
+    markdown: Callable[[dict[str, Any]], str],
+    plot: Callable[[dict[str, Any], Path], Any] | None = None,
+) -> None:
+    """Writes ``out/name.json`` and ``out/name.md`` (and ``out/name.png`` with ``plot(result, path)``), then prints the
+    markdown."""
+    text = markdown(result)
+    write_json(out / f"{name}.json", result)
+    (out / f"{name}.md").write_text(text)
+    if plot is not None:
+        plot(result, out / f"{name}.png")
+    print(text)
+
+
 def write_json(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1) + "\n")

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS, ROOT, machine, machine_line, write_json
+from bench.common import RESULTS, ROOT, machine, machine_line, save
 
 SEEDS = [1234, 1, 2, 3, 4, 5, 6, 7, 8, 9]  # 1234: configs/base.yaml's seed_everything, what `make demo` runs
 DEMO = ["fit", "--test_after_fit", "best"]
@@ -167,10 +167,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.seeds, extra = 1, [*SMOKE, *extra]
     out = args.out or (ROOT / "runs" / "bench-smoke" if args.smoke else RESULTS)
     result = run(SEEDS[: args.seeds], extra, baseline=not args.smoke)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "demo.json", result)
-    (out / "demo.md").write_text(markdown(result))
-    print(markdown(result))
+    save(out, "demo", result, markdown)
     return result
 
 

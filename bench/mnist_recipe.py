@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS, machine, machine_line, write_json
+from bench.common import RESULTS, machine, machine_line, save
 
 TARGET = 0.99
 CANDIDATES: dict[str, list[str]] = {
@@ -103,10 +103,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     candidates = dict(list(CANDIDATES.items())[: args.only]) if args.only else CANDIDATES
     result = run(list(range(args.seeds)), candidates)
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_json(args.out / "mnist_recipe.json", result)
-    (args.out / "mnist_recipe.md").write_text(markdown(result))
-    print(markdown(result))
+    save(args.out, "mnist_recipe", result, markdown)
     return result
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from bench.common import RESULTS, ROOT, figure, machine, machine_line, write_json
+from bench.common import RESULTS, ROOT, figure, machine, machine_line, save
 from bench.demo import timed
 
 DDP = ["--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.accelerator", "cpu"]
@@ -103,11 +103,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         extra = ["--trainer.limit_train_batches", "10", "--trainer.limit_val_batches", "2", *extra]
     out = args.out or (ROOT / "runs" / "bench-smoke" if args.smoke else RESULTS)
     result = {"machine": machine(), "extra_args": extra, "paths": {p: one(p, extra) for p in PATHS}}
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "resident.json", result)
-    (out / "resident.md").write_text(markdown(result))
-    plot(result, out / "resident.png")
-    print(markdown(result))
+    save(out, "resident", result, markdown, plot)
     return result
 
 

@@ -149,14 +149,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     if args.probe:
         probe(float(args.probe[0]), args.probe[1])
         return None
-    from bench.common import write_json
+    from bench.common import save
 
     result = run(args.repeats)
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_json(args.out / "startup.json", result)
-    (args.out / "startup.md").write_text(markdown(result))
-    plot(result, args.out / "startup.png")
-    print(markdown(result))
+    save(args.out, "startup", result, markdown, plot)
     return result
 
 

@@ -210,14 +210,15 @@ class ImageDataModule(LightningDataModule):
         whose training transforms draw random numbers set ``random_transforms``: each sample is then loaded with the
         generators seeded from (seed, epoch, sample), so a resumed run draws the same crops and flips.
         """
-        if isinstance(dataset, ResidentTensors):  # held on the device: one indexing per batch, no workers, no pinning
+        resident = isinstance(dataset, ResidentTensors)  # held on the device: one indexing per batch, no workers
+        if resident:
             kwargs = dict(collate_fn=whole_batch, **kwargs)
-        workers = 0 if isinstance(dataset, ResidentTensors) else self.num_workers
+        workers = 0 if resident else self.num_workers
         common = dict(
             batch_size=self.batch_size,
             num_workers=workers,
             persistent_workers=workers > 0,
-            pin_memory=torch.cuda.is_available() and not isinstance(dataset, ResidentTensors),
+            pin_memory=torch.cuda.is_available() and not resident,
             worker_init_fn=ignore_sigint if workers > 0 else None,  # Ctrl-C: the workers stay (resumable.py)
             multiprocessing_context=worker_context(self.trainer.world_size if self.trainer else 1)
             if workers > 0

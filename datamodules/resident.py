@@ -55,10 +55,6 @@ class ResidentTensors(Dataset):
     def to(self, device: torch.device) -> ResidentTensors:
         return ResidentTensors(*(t.to(device) for t in self.tensors), indices=self.indices)
 
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors)
-
 
 def whole_batch(batch: list[torch.Tensor]) -> list[torch.Tensor]:
     """The loader's ``collate_fn`` for :class:`ResidentTensors`: the fetch already is the batch."""

@@ -356,12 +356,12 @@ class ImageClassifier(LightningModule):
                 return self.lr_scheduler_factory(optimizer, total_steps=steps)
             return self.lr_scheduler_factory(optimizer)
         except ZeroDivisionError as err:  # OneCycleLR whose warm-up phase is 0 steps long (pct_start x steps = 1)
+            cls = getattr(self.lr_scheduler_factory, "args", [None])[-1]  # the class jsonargparse's partial builds
             raise UserError(
-                f"lr_scheduler {getattr(getattr(self.lr_scheduler_factory, 'args', [None])[-1], '__name__', '')} "
-                f"cannot schedule a run of "
-                f"{steps} optimizer steps with pct_start {keywords.get('pct_start')}: one of its phases would last 0 "
-                "steps. Fix: another --model.lr_scheduler.init_args.pct_start, a longer run, or --model.lr_scheduler "
-                "null (a constant learning rate)."
+                f"lr_scheduler {getattr(cls, '__name__', '')} cannot schedule a run of {steps} optimizer steps with "
+                f"pct_start {keywords.get('pct_start')}: one of its phases would last 0 steps. Fix: another "
+                "--model.lr_scheduler.init_args.pct_start, a longer run, or --model.lr_scheduler null (a constant "
+                "learning rate)."
             ) from err
 
     def on_train_start(self) -> None:

@@ -10,8 +10,8 @@
   checkpoint kept) instead of torch's two tracebacks; :class:`Trainer` (the CLI's) makes every rank stop with it.
 - :func:`read_checkpoint` and :func:`check_fits`: the CLI's checks of ``--ckpt_path`` before a run uses it (missing,
   truncated, unsafe, another architecture), each a one-line message with the fix.
-- :func:`resolve_last`: ``--ckpt_path last`` (the file is :mod:`app.run_dir`'s, which owns the run folder's layout);
-  :func:`evaluation_dirpath`: the folder a loaded checkpoint was saved in.
+- :func:`evaluation_dirpath`: the folder a loaded checkpoint was saved in. Which checkpoint a run resumes from
+  (``--ckpt_path last``, a restart) is :mod:`app.resume`'s decision.
 
 The random generator states of a checkpoint are :class:`app.callbacks.RNGState`'s.
 """
@@ -26,7 +26,6 @@ import os
 import pickle
 import re
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,6 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_info
 
 from app import run_dir
-from app.run_dir import find_last_checkpoint, hpc_checkpoint  # noqa: F401  (their old home)
 from core.errors import with_link
 
 TRUST_FLAG = "--trust_checkpoint true"
@@ -84,6 +82,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 torch.save(checkpoint, file)
                 file.flush()
                 os.fsync(file.fileno())
+            keep_previous(path)
             os.replace(tmp, path)
         except BaseException as err:
             with contextlib.suppress(FileNotFoundError):
@@ -116,6 +115,23 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             if not weights_only or not _refused(err):
                 raise
             raise UnsafeCheckpointError(refusal(path, err)) from err
+
+
+def keep_previous(path: Path) -> None:
+    """Before ``path`` (a ``last.ckpt``) is replaced, the file it holds stays as ``last.previous.ckpt``: a resume
+    falls back to it when the newest does not read (:mod:`app.resume`). A hard link: no copy, no time; the disk
+    holds one more checkpoint once the new one has replaced the old."""
+    previous = run_dir.previous_of(path)
+    if previous is None or not path.is_file():
+        return
+    link = previous.with_name(f".{previous.name}.link")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(link)
+    try:
+        os.link(path, link)
+    except OSError:  # a filesystem without hard links: the newest is still saved atomically, without a fallback
+        return
+    os.replace(link, previous)
 
 
 class DiskFullError(SystemExit):
@@ -331,41 +347,11 @@ def check_fits(checkpoint: dict, path: _PATH, model: torch.nn.Module, arch: str 
     )
 
 
-def resolve_last(config: Any, subcommand: str | None) -> Path | None:
-    """``--ckpt_path last`` means the newest run's ``last.ckpt`` in this experiment's folder; sets ``ckpt_path``.
-
-    Lightning resolves "last" only among the current ModelCheckpoint's folder, which is a new ``version_N`` for
-    every run, so it would never find the previous run. Returns the file (the caller lets the loggers continue its
-    run), or None: nothing to resolve, or ``fit`` starting from scratch. Outside ``fit`` a missing file stops.
-    """
-    if config.get("ckpt_path") != "last":
-        return None
-    root = run_dir.root(config.trainer.default_root_dir)
-    dirpath = (config.get("checkpoint") or {}).get("dirpath")
-    last = find_last_checkpoint(root, dirpath)
-    if last is None and subcommand == "fit":
-        rank_zero_info(
-            f"--ckpt_path last: no last.ckpt in {run_dir.where_last_is(root, dirpath)} yet; starting from scratch."
-        )
-        config.ckpt_path = None
-        return None
-    if last is None:
-        sys.exit(
-            with_link(
-                f"error: --ckpt_path last: no checkpoint found in {run_dir.where_last_is(root, dirpath)}. "
-                "Train first with `python cli.py fit` (same --trainer.default_root_dir), or pass --ckpt_path FILE.",
-                "checkpoint-last-missing",
-            )
-        )
-    config.ckpt_path = str(last)
-    rank_zero_info(f"--ckpt_path last resolved to {last}")
-    return last
-
-
 def read_given_checkpoint(config: Any) -> dict | None:
     """Reads and checks ``--ckpt_path FILE`` before anything is built (missing, truncated, unsafe, other ``arch``).
 
-    None for no path, the names Lightning resolves (``last`` is :func:`resolve_last`'s) and URLs.
+    None for no path, the names resolved later (``last`` and ``hpc`` by :mod:`app.resume`, the others by
+    Lightning) and URLs.
     """
     path = config.get("ckpt_path")
     if not path or path in ("last", "best", "hpc", "registry") or "://" in str(path):

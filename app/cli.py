@@ -27,6 +27,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
 import app.strategies  # noqa: F401  (registers the strategy names before the parser reads them)
+from app import resume
 from app.callbacks import DEFAULTS, ModelCheckpoint, StopAtAccuracy
 from app.callbacks.debug_checks import DEBUG_HANG_TIMEOUT, DebugChecks, apply_debug, capture_rank_logs
 from app.callbacks.hang_watch import apply_flight_recorder, effective_timeout
@@ -39,10 +40,10 @@ from app.checkpoint import (
     low_disk_space,
     read_checkpoint,
     read_given_checkpoint,
-    resolve_last,
     saved_hparams,
     weights_from_checkpoint,
 )
+from app.faults import loader_worker_died
 from app.launch.preflight import preflight
 from app.launch.rendezvous import (
     apply_timeout,
@@ -53,9 +54,9 @@ from app.launch.rendezvous import (
 )
 from app.loggers import (
     TrackingConfigCallback,
+    config_text,
     continue_run_of,
     prepare_loggers,
-    resume_torchrun_job,
     run_dir_for_loggers,
     write_to_run_dir,
 )
@@ -76,6 +77,7 @@ class CLI(LightningCLI):
     """LightningCLI with the app's options and links; each step it adds is one call into the module that owns it."""
 
     plan = None  # the preflight plan of this run (set before the classes are instantiated)
+    decision: resume.Resume | None = None  # what this run resumes from (app.resume)
     _checkpoint: dict | None = None  # --ckpt_path, read and checked once
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -185,22 +187,24 @@ class CLI(LightningCLI):
         config = self._subcommand_config()
         config.stacks_on = None  # loaded already (default_config_files); the run's saved config.yaml is whole
         write_to_run_dir(config)
-        last = resolve_last(config, self.subcommand) or resume_torchrun_job(config, self.subcommand, detect())
-        if last is not None and self.subcommand == "fit":
-            continue_run_of(config, last)
+        self.decision = resume.apply(config, self.subcommand, detect())  # the one decision: file, last, hpc, a restart
+        if self.decision.source in ("last", "torchrun") and self.decision.path is not None and self.subcommand == "fit":
+            continue_run_of(config, self.decision.path)
+        if self._checkpoint is None and self.decision.checkpoint is not None:
+            self._checkpoint = self.decision.checkpoint  # read while deciding
         if config.get("ckpt_path") and self._checkpoint is None and Path(config.ckpt_path).is_file():
-            self._checkpoint = read_checkpoint(config.ckpt_path, trust=config.trust_checkpoint)  # the resolved "last"
+            self._checkpoint = read_checkpoint(config.ckpt_path, trust=config.trust_checkpoint)
         if self._checkpoint is not None:
             weights_from_checkpoint(config)
         if self.subcommand not in (None, "fit") and self._checkpoint is not None:
             evaluation_dirpath(config, self._checkpoint)
-        prepare_loggers(config, self.subcommand)  # W&B group; resumed run's identity
+        prepare_loggers(config, self.subcommand, self.decision.path)  # W&B group; resumed run's identity
         # launcher vs config, before any process group exists; rank 0 prints the plan, every rank stops on a problem
         hang = config.launch.hang_timeout
         if config.launch.debug:
             hang = min(hang, DEBUG_HANG_TIMEOUT) if hang else DEBUG_HANG_TIMEOUT
         hang = effective_timeout(hang, config.launch.timeout)
-        self.plan = preflight(config, timeout=config.launch.timeout, hang_timeout=hang)
+        self.plan = preflight(config, timeout=config.launch.timeout, hang_timeout=hang, resume=self.decision)
         if port := hold_port(self.plan):  # the ranks Lightning starts meet there; no other job can take it
             rank_zero_info(f"rendezvous: port {port} of this host, held for this run until it ends")
 
@@ -225,6 +229,9 @@ class CLI(LightningCLI):
             self.trainer.strategy.checkpoint_io.weights_only = False
         if getattr(self, "_checkpoint", None) is not None:  # before the Trainer's load_state_dict error wall
             check_fits(self._checkpoint, config.ckpt_path, self.model, self.model.hparams.get("arch"))
+        if self.subcommand == "fit" and self._checkpoint is not None:  # settings changed since the checkpoint's run
+            current = yaml.safe_load(config_text(self._parser(self.subcommand), config))
+            self.trainer.callbacks.append(resume.ChangedSettings(resume.saved_configuration(self._checkpoint), current))
         if self.subcommand == "fit" and self.trainer.checkpoint_callback is not None:
             factory = getattr(self.model, "optimizer_factory", None)
             optimizer = factory(self.model.parameters()) if callable(factory) else None
@@ -375,3 +382,8 @@ def user_errors_explained() -> Iterator[None]:
     except UserError as err:  # the datamodules' and the zoo's errors are UserErrors too
         say(with_link(f"error: {one_line(err)}", err.help))
         raise SystemExit(err.exit_code) from None
+    except RuntimeError as err:  # a fault inside this rank that torch reports with a traceback
+        if (line := loader_worker_died(err)) is None:
+            raise
+        say(line)
+        raise SystemExit(1) from None

@@ -29,7 +29,6 @@ from urllib.parse import urlsplit
 import lightning
 import torch
 import yaml
-from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch import LightningModule, Trainer, loggers
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers.logger import rank_zero_experiment
@@ -37,7 +36,6 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from app import run_dir
 from app.checkpoint import load_on_cpu
-from core.env import Launch
 from core.errors import with_link
 
 SECRET_KEY = re.compile(r"(api[_-]?key|token|secret|password|credential)", re.IGNORECASE)
@@ -204,18 +202,26 @@ def environment(trainer: Trainer) -> dict[str, Any]:
     }
 
 
+def config_text(parser: Any, config: Any) -> str:
+    """A run's whole configuration as YAML, credentials redacted: what checkpoints keep of it."""
+    return yaml.safe_dump(redact(yaml.safe_load(parser.dump(config, skip_unset=False))))
+
+
 class TrackingConfigCallback(SaveConfigCallback):
     """Lightning's config callback (``config.yaml`` in the run folder), plus two things trackers need.
 
     On rank 0 at setup it logs the resolved config and :func:`environment` as hyperparameters to every logger
     (credentials redacted). Its checkpoint state is the run's identity (TensorBoard version folder, W&B run id),
-    read back by :func:`prepare_loggers` when a job resumes from that checkpoint.
+    read back by :func:`prepare_loggers` when a job resumes from that checkpoint, and the run's configuration (as
+    YAML, credentials redacted), which :class:`app.resume.ChangedSettings` compares with a resumed run's.
     """
 
     _trainer: Trainer | None = None
+    _config_text: str | None = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._trainer = trainer
+        self._config_text = config_text(self.parser, self.config)
         super().setup(trainer, pl_module, stage)
 
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -234,16 +240,9 @@ class TrackingConfigCallback(SaveConfigCallback):
                 identity["wandb_id"] = logger.version
         if run_id := os.environ.get("TORCHELASTIC_RUN_ID"):  # what a restarted worker group looks for
             identity["torchrun_job"] = run_id
+        if self._config_text is not None:
+            identity["config"] = self._config_text
         return identity
-
-
-def resumed_checkpoint(ckpt_path: str | None, root: Path) -> Path | None:
-    """The checkpoint a fit will resume from: an explicit file, or the HPC checkpoint Lightning picks on SLURM."""
-    if ckpt_path == "hpc" or (ckpt_path is None and SLURMEnvironment.detect()):
-        return run_dir.hpc_checkpoint(root)
-    if ckpt_path and Path(ckpt_path).is_file():
-        return Path(ckpt_path)
-    return None
 
 
 def read_identity(checkpoint: Path) -> dict[str, Any]:
@@ -255,28 +254,6 @@ def read_identity(checkpoint: Path) -> dict[str, Any]:
     except pickle.UnpicklingError:
         return {}
     return dict(state.get("callbacks", {}).get(TrackingConfigCallback.__qualname__, {}))
-
-
-def resume_torchrun_job(config: Any, subcommand: str | None, launch: Launch) -> Path | None:
-    """A restarted torchrun worker group continues its run, as a SLURM requeue does; sets ``ckpt_path``.
-
-    ``fit`` without ``--ckpt_path`` under torchrun resumes the newest ``version_*/checkpoints/last.ckpt`` whose run
-    identity names this job (``TORCHELASTIC_RUN_ID``, the same in every attempt): the same run folder, TensorBoard
-    version and W&B run (:func:`prepare_loggers`). A checkpoint of another job in the folder is not this run. torchrun
-    gives every job without ``--rdzv-id`` the id ``none``, so such a job resumes only once it has restarted. Returns the
-    file, or None (an explicit ``--ckpt_path``, not torchrun, or nothing of this job saved yet).
-    """
-    job = launch.job_id
-    if subcommand != "fit" or config.get("ckpt_path") or launch.launcher != "torchrun" or not job:
-        return None
-    if job == "none" and launch.restart_count == 0:
-        return None
-    root = run_dir.root(config.trainer.get("default_root_dir"))
-    last = run_dir.newest_last_of_job(root, job, lambda p: read_identity(p).get("torchrun_job"))
-    if last is not None:
-        config.ckpt_path = str(last)
-        rank_zero_info(f"torchrun restart {launch.restart_count}: resuming {last}, the newest last.ckpt of job {job}")
-    return last
 
 
 def logger_configs(config: Any) -> list:
@@ -343,14 +320,14 @@ def continue_run_of(config: Any, last: Path) -> None:
             logger.init_args.version = version
 
 
-def prepare_loggers(config, subcommand: str | None) -> None:
+def prepare_loggers(config, subcommand: str | None, resume_from: Path | None = None) -> None:
     """Fills in logger settings the CLI knows before the loggers exist (called by the CLI on every rank).
 
     - Choosing the W&B logger without ``wandb`` installed stops here with the install command.
     - A multi-node job gets a W&B ``group`` (``slurm-<job id>`` / ``torchrun-<run id>``) unless one is set.
-    - ``fit`` resuming from a checkpoint of this run folder (``--ckpt_path last|FILE``, or SLURM's requeue
-      checkpoint) continues the checkpoint's TensorBoard version and W&B run id. A checkpoint from another
-      folder starts new ones (fine-tuning someone else's weights is a new run).
+    - ``fit`` resuming from a checkpoint of this run folder (``resume_from``: :func:`app.resume.decide`'s file)
+      continues the checkpoint's TensorBoard version and W&B run id. A checkpoint from another folder starts new
+      ones (fine-tuning someone else's weights is a new run).
     """
     configured = logger_configs(config)
     wandb_cfgs = [lg for lg in configured if lg.class_path.rsplit(".", 1)[-1] == "WandbLogger"]
@@ -359,8 +336,8 @@ def prepare_loggers(config, subcommand: str | None) -> None:
         # here, not only in WandbLogger: jsonargparse would bury the logger's message in a "Union subtypes" error
         sys.exit(with_link(f"error: {INSTALL_HINT}", "wandb-missing"))
     _group_the_nodes(int(config.trainer.get("num_nodes") or 1), wandb_cfgs)
-    if subcommand == "fit":
-        _continue_the_checkpoints_run(config, tb_cfgs, wandb_cfgs)
+    if subcommand == "fit" and resume_from is not None:
+        _continue_the_checkpoints_run(config, resume_from, tb_cfgs, wandb_cfgs)
 
 
 def _group_the_nodes(nodes: int, wandb_cfgs: list) -> None:
@@ -375,11 +352,10 @@ def _group_the_nodes(nodes: int, wandb_cfgs: list) -> None:
             lg.init_args.group = group
 
 
-def _continue_the_checkpoints_run(config: Any, tb_cfgs: list, wandb_cfgs: list) -> None:
+def _continue_the_checkpoints_run(config: Any, checkpoint: Path, tb_cfgs: list, wandb_cfgs: list) -> None:
     """A fit resuming from a checkpoint of this run folder continues its TensorBoard version and W&B run id."""
     root = run_dir.root(config.trainer.get("default_root_dir")).resolve()
-    checkpoint = resumed_checkpoint(config.get("ckpt_path"), root)
-    if checkpoint is None or root not in checkpoint.resolve().parents:
+    if not checkpoint.is_file() or root not in checkpoint.resolve().parents:
         return
     identity = read_identity(checkpoint)
     for lg in tb_cfgs:
@@ -388,6 +364,7 @@ def _continue_the_checkpoints_run(config: Any, tb_cfgs: list, wandb_cfgs: list) 
     for lg in wandb_cfgs:
         if not lg.init_args.get("id") and identity.get("wandb_id"):
             lg.init_args.id = identity["wandb_id"]
+    identity.pop("config", None)
     if identity:
         names = {"tensorboard_version": "TensorBoard", "wandb_id": "W&B run", "torchrun_job": "torchrun job"}
         what = " and ".join(f"{names.get(k, k)} {v}" for k, v in identity.items())

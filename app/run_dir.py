@@ -22,6 +22,7 @@ from pathlib import Path
 from lightning.pytorch import Trainer
 
 LAST = "last"  # ModelCheckpoint.CHECKPOINT_NAME_LAST: the file name of the newest state of a run, without ".ckpt"
+PREVIOUS = f"{LAST}.previous"  # the last.ckpt before the newest, kept by each save of a last.ckpt (a fallback)
 
 
 def root(default_root_dir: str | Path | None) -> Path:
@@ -46,6 +47,22 @@ def find_last_checkpoint(root_dir: str | Path, dirpath: str | Path | None = None
     return found[0] if found else None
 
 
+def resumable_checkpoints(root_dir: str | Path, dirpath: str | Path | None = None) -> list[Path]:
+    """Every checkpoint in the folders :func:`last_checkpoints` searches, newest first (a ``last.ckpt`` before any
+    other file of the same age): the newest ``last.ckpt``, then what a resume falls back to when it does not read
+    (``last.previous.ckpt``, the best checkpoints, earlier runs)."""
+    root = Path(root_dir)
+    found = {*root.glob("version_*/checkpoints/*.ckpt"), *root.glob("checkpoints/*.ckpt")}
+    if dirpath is not None:
+        found |= set(Path(dirpath).glob("*.ckpt"))
+    return sorted(found, key=lambda p: (p.stat().st_mtime, p.name == f"{LAST}.ckpt"), reverse=True)
+
+
+def previous_of(path: Path) -> Path | None:
+    """Where the save of ``path`` keeps the file it replaces: ``last.previous.ckpt`` for a ``last.ckpt``, else None."""
+    return path.with_name(f"{PREVIOUS}.ckpt") if path.name == f"{LAST}.ckpt" else None
+
+
 def where_last_is(root_dir: str | Path, dirpath: str | Path | None = None) -> str:
     """The folders :func:`last_checkpoints` searches, for a message."""
     root = Path(root_dir).resolve()
@@ -65,12 +82,17 @@ def version_of(last: Path) -> str | None:
     return version if last.parent.name == "checkpoints" and version.startswith("version_") else None
 
 
-def hpc_checkpoint(root_dir: str | Path) -> Path | None:
-    """The ``hpc_ckpt_N.ckpt`` Lightning auto-resumes from under SLURM (highest N in ``root_dir``), or None."""
+def hpc_checkpoints(root_dir: str | Path) -> list[Path]:
+    """The ``hpc_ckpt_N.ckpt`` files Lightning saves at a SLURM preemption in ``root_dir``, highest N first."""
     # the file Lightning's SLURM auto-requeue resumes from (checkpoint_connector._hpc_resume_path)
     numbered = ((re.search(r"_(\d+)\.ckpt$", p.name), p) for p in Path(root_dir).glob("hpc_ckpt_*.ckpt"))
-    found = [(int(m.group(1)), p) for m, p in numbered if m]
-    return max(found)[1] if found else None
+    return [p for _, p in sorted(((int(m.group(1)), p) for m, p in numbered if m), reverse=True)]
+
+
+def hpc_checkpoint(root_dir: str | Path) -> Path | None:
+    """The ``hpc_ckpt_N.ckpt`` Lightning auto-resumes from under SLURM (highest N in ``root_dir``), or None."""
+    found = hpc_checkpoints(root_dir)
+    return found[0] if found else None
 
 
 def last_checkpoint_of(trainer: Trainer) -> Path:

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from lightning.pytorch import callbacks
 from typing_extensions import override
+
+from app.callbacks import agree
+
+INTERVAL = "interval_save"  # the agreement's flag: rank 0's interval has elapsed
 
 
 class ModelCheckpoint(callbacks.ModelCheckpoint):
@@ -24,15 +29,98 @@ class ModelCheckpoint(callbacks.ModelCheckpoint):
     end of ``fit`` unless this step is saved already; for ``max_steps`` mid-epoch, at that step's end instead
     (by the end of ``fit`` Lightning counts the unfinished epoch as completed): the same state as an
     ``every_n_train_steps`` save. At an epoch's last batch the validation's own save comes first, as usual.
+
+    ``interval_minutes`` (default 10): ``last.ckpt`` is also saved once that much wall-clock time has passed since
+    the last save of this run, so a fault (a dead or hung rank, a requeue) loses at most that much training, not an
+    epoch. Lightning's own ``train_time_interval`` switches the end-of-epoch saves of the best checkpoint off and
+    broadcasts rank 0's clock before every step; here rank 0's "time is up" rides the asynchronous per-step agreement
+    of :mod:`app.callbacks.agree` (no collective of its own), so every rank saves at the end of the same optimizer
+    step. Each save keeps the file it replaces as ``last.previous.ckpt`` (:class:`app.checkpoint.AtomicCheckpointIO`).
     """
+
+    def __init__(self, *args: Any, interval_minutes: float | None = 10.0, **kwargs: Any) -> None:
+        """
+        Args:
+            interval_minutes: save ``last.ckpt`` whenever this many minutes of training have passed since the last
+                save (None or 0: only the saves the other arguments ask for).
+            *args, **kwargs: Lightning's ``ModelCheckpoint``.
+        """
+        super().__init__(*args, **kwargs)
+        self.interval_minutes = interval_minutes
+        self._last_save: float | None = None  # time.monotonic() of the last save (or of the training start)
+        self._watching = False
+
+    def _interval_due(self) -> bool:
+        return self._last_save is not None and time.monotonic() - self._last_save >= 60 * self.interval_minutes
+
+    def _interval_agreed(self, trainer) -> bool:
+        """Whether every rank saves at this batch's end: rank 0's interval had elapsed at its start, this is an
+        optimizer step's end (never inside an accumulation: the flag stays up until one), not saved already."""
+        if not self._watching or not agree.any_rank(trainer, INTERVAL):
+            return False
+        if trainer.fit_loop.epoch_loop._should_accumulate() or self._last_global_step_saved == trainer.global_step:
+            return False
+        return not self._should_skip_saving_checkpoint(trainer)
+
+    @override
+    def on_train_start(self, trainer, pl_module) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._last_save = time.monotonic()
+        if self.interval_minutes and self.save_last:  # the same on every rank: the agreement's order stays the same
+            due = self._interval_due if trainer.global_rank == 0 else (lambda: False)
+            agree.watch(trainer, INTERVAL, due)
+            self._watching = True
+
+    @override
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
+        if self._watching:
+            agree.start(trainer)
+
+    @override
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._stop_watching(trainer, finished=True)
+        self._end_of_fit(trainer, pl_module)
+
+    @override
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        self._stop_watching(trainer, finished=False)
+
+    def _stop_watching(self, trainer, finished: bool) -> None:
+        if self._watching:
+            self._watching = False
+            agree.unwatch(trainer, INTERVAL, finished)
+
+    @override
+    def _save_checkpoint(self, trainer, filepath: str) -> None:
+        super()._save_checkpoint(trainer, filepath)
+        self._last_save = time.monotonic()
 
     @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        checked = self._last_time_checked
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        ended = 0 < trainer.max_steps <= trainer.global_step
         last_batch = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        if self._due(trainer, checked) and not last_batch and getattr(self, "_defer_save_until_validation", False):
+            # Lightning (2.6) defers a step save whose monitored metric (val/acc1) does not exist yet until the next
+            # validation, the top-k and last.ckpt alike: before the first validation nothing is saved, and a fault
+            # there loses up to an epoch. last.ckpt holds the state, not a score: it is saved now; the top-k waits.
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        if self._interval_agreed(trainer):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        ended = 0 < trainer.max_steps <= trainer.global_step
         if self.save_last and ended and not last_batch and not self._should_skip_saving_checkpoint(trainer):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def _due(self, trainer, checked: float | None) -> bool:
+        """Whether this batch's end is a step save (``every_n_train_steps``, or ``train_time_interval`` elapsed: the
+        parent's clock moved) that has not been saved."""
+        by_steps = self._every_n_train_steps >= 1 and trainer.global_step % self._every_n_train_steps == 0
+        by_time = self._last_time_checked != checked
+        saved = self._last_global_step_saved == trainer.global_step
+        return (
+            self.save_last and (by_steps or by_time) and not saved and not self._should_skip_saving_checkpoint(trainer)
+        )
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -40,8 +128,7 @@ class ModelCheckpoint(callbacks.ModelCheckpoint):
             state_dict = {**state_dict, "dirpath": os.path.realpath(os.path.expanduser(state_dict["dirpath"]))}
         super().load_state_dict(state_dict)
 
-    @override
-    def on_train_end(self, trainer, pl_module) -> None:
+    def _end_of_fit(self, trainer, pl_module) -> None:
         if self.save_last and not self._should_skip_saving_checkpoint(trainer):  # this step not saved yet
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
         else:

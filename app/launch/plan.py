@@ -58,6 +58,7 @@ class Plan:
     lr_reference_batch_size: int | None = None
     layout: Layout | None = None  # default: the registered strategy's layout on ``devices``
     sync_batchnorm: bool = False
+    checkpoint_minutes: float | None = None  # last.ckpt every that many minutes of training (None: checkpoints off)
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -167,6 +168,11 @@ class Plan:
             f"run dir      {self.root_dir}",
             f"resume from  {self.resume or 'nothing (fresh start)'}",
         ]
+        if self.checkpoint_minutes:
+            lines.append(
+                f"checkpoint   last.ckpt every {self.checkpoint_minutes:g} min of training, and the one before kept "
+                "(--checkpoint.interval_minutes; a fault loses at most that much)"
+            )
         if self.timeout is not None:
             lines.append(f"timeout      ranks wait {self.timeout:g} s for each other (--launch.timeout)")
         if self.hang_timeout is not None and (self.launched_world_size or 1) > 1:

@@ -16,6 +16,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from app import run_dir
 from app.launch.checks import config_problems, launch_problems, machine_problems
 from app.launch.plan import Plan, device_count
+from app.resume import Resume, decide
 from app.strategies.layout import layout_of, strategy_name
 from core.config import get
 from core.env import Launch, detect
@@ -29,16 +30,19 @@ class PreflightError(SystemExit):
 
 
 def build(
-    config: Any, launch: Launch | None = None, timeout: float | None = None, hang_timeout: float | None = None
+    config: Any,
+    launch: Launch | None = None,
+    timeout: float | None = None,
+    hang_timeout: float | None = None,
+    resume: Resume | None = None,
 ) -> Plan:
-    """The plan for a parsed subcommand config (LightningCLI's ``config[subcommand]``)."""
+    """The plan for a parsed subcommand config (LightningCLI's ``config[subcommand]``); ``resume``: what the run
+    resumes from (:func:`app.resume.decide`'s decision, made here for a fit when not given)."""
     launch = launch or detect()
     trainer = config.trainer
     accelerator = str(trainer.get("accelerator") or "auto")
     root = str(run_dir.root(trainer.get("default_root_dir")).resolve())
-    resume = config.get("ckpt_path")
-    if resume is None and launch.launcher == "slurm" and (hpc := run_dir.hpc_checkpoint(root)) is not None:
-        resume = f"hpc: {hpc} (Lightning resumes from it automatically under SLURM)"
+    resume = resume or decide(config, "fit", launch)
     strategy = trainer.get("strategy") or "auto"
     devices, nodes = device_count(trainer.get("devices", "auto"), accelerator), int(trainer.get("num_nodes") or 1)
     if launch.node_range and launch.nodes:  # elastic torchrun: this round's nodes (WORLD_SIZE), whatever the config
@@ -55,20 +59,29 @@ def build(
         lr_reference_batch_size=get(config, "model", "lr_reference_batch_size"),
         precision=str(trainer.get("precision") or "32-true"),
         root_dir=root,
-        resume=str(resume) if resume else None,
+        resume=resume.describe() if resume.path is not None or resume.source != "none" else None,
         timeout=timeout,
         hang_timeout=hang_timeout,
         accumulate=int(trainer.get("accumulate_grad_batches") or 1),
         layout=layout_of(strategy, devices, nodes),
         sync_batchnorm=bool(trainer.get("sync_batchnorm")),
+        checkpoint_minutes=get(config, "checkpoint", "interval_minutes")
+        if trainer.get("enable_checkpointing") is not False and get(config, "checkpoint", "save_last")
+        else None,
     )
     plan.problems += launch_problems(plan) + config_problems(config)
     return plan
 
 
-def preflight(config: Any, timeout: float | None = None, echo: bool = True, hang_timeout: float | None = None) -> Plan:
+def preflight(
+    config: Any,
+    timeout: float | None = None,
+    echo: bool = True,
+    hang_timeout: float | None = None,
+    resume: Resume | None = None,
+) -> Plan:
     """Builds and checks the plan; rank 0 prints it. Every rank exits with the fix when the plan has problems."""
-    plan = build(config, timeout=timeout, hang_timeout=hang_timeout)
+    plan = build(config, timeout=timeout, hang_timeout=hang_timeout, resume=resume)
     if plan.num_nodes != int(config.trainer.get("num_nodes") or 1):  # elastic torchrun: the Trainer's too
         plan.notes.append(
             f"trainer.num_nodes={config.trainer.get('num_nodes')} replaced by the {plan.num_nodes} node(s) torchrun "

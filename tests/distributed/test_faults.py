@@ -255,3 +255,64 @@ def test_sigterm_to_one_rank_stops_all_then_a_killed_launcher_rank0_is_named(mni
     assert_documented(out, "lost-rank")
     assert seconds < WELL_INSIDE, f"rank 1 took {seconds:.1f} s to exit; --launch.timeout is {LAUNCH_TIMEOUT} s"
     nothing_left(job.pid)
+
+
+def children(pid: int) -> list[int]:
+    """The live child processes of ``pid``, from /proc, oldest first."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return sorted(found)
+
+
+def loader_workers(rank_pid: int) -> list[int]:
+    """A rank's DataLoader workers: the children of its multiprocessing forkserver (the app's start method for
+    workers), oldest first."""
+    servers = [p for p in children(rank_pid) if "forkserver" in Path(f"/proc/{p}/cmdline").read_text()]
+    return [worker for server in servers for worker in children(server)]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_killed_loader_worker_is_one_line_naming_its_rank_pid_and_signal(mnist_dir, tmp_path):
+    """The OOM killer's way: one DataLoader worker of rank 1 gets SIGKILL mid-epoch. Rank 1 says so in one line (its
+    rank, the worker's pid, the signal, the likely cause and the fix), no traceback; the job exits 1, nothing is
+    left, and the last checkpoint is intact."""
+    root = tmp_path / "run"
+    ddp = ["--trainer.strategy", "ddp", "--trainer.devices", "2", "--launch.timeout", str(LAUNCH_TIMEOUT)]
+    job = start(root, mnist_dir, *ddp, "--data.num_workers", "2", "--checkpoint.every_n_train_steps", "2")
+    _, (rank1_pid, _, _) = wait_for_step(job, root, ranks=2, step=3)
+    workers = loader_workers(rank1_pid)
+    assert len(workers) >= 2, workers  # its training workers (and the validation's, which persist)
+    os.kill(workers[0], signal.SIGKILL)
+    code, out, seconds = finish(job, timeout=LAUNCH_TIMEOUT)
+    print(f"\na loader worker of rank 1 SIGKILLed: the job exited {code} after {seconds:.1f} s")
+    line = assert_documented(out, "loader-worker-lost")
+    assert line.startswith(f"error: rank 1: its DataLoader worker (pid {workers[0]}) was killed by SIGKILL; "), line
+    assert code == 1 and "Traceback" not in out, out[-4000:]
+    step_of(root / "version_0" / "checkpoints" / "last.ckpt")  # reads
+    nothing_left(job.pid)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_last_checkpoint_is_saved_on_the_wall_clock_interval_by_every_rank_at_the_same_step(mnist_dir, tmp_path):
+    """``--checkpoint.interval_minutes``: a 2-process job saves ``last.ckpt`` mid-epoch, before any validation, each
+    time rank 0's interval has passed (every rank saves at the end of the same step, or the save's barrier would wait
+    for the launch timeout), keeps the one before as ``last.previous.ckpt``, and ends normally."""
+    root = tmp_path / "run"
+    ddp = ["--trainer.strategy", "ddp", "--trainer.devices", "2", "--launch.timeout", str(LAUNCH_TIMEOUT)]
+    args = [*short_fit(root, mnist_dir, 16, 1, batch_size=16), f"--trainer.callbacks+={HEARTBEAT}", *ddp]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, str(ROOT / "cli.py"), "fit", *args, "--checkpoint.interval_minutes", "0.005"]
+    job = subprocess.run(command, cwd=tmp_path, env=env, text=True, capture_output=True, timeout=300)
+    assert job.returncode == 0, (job.stdout + job.stderr)[-4000:]
+    assert "checkpoint   last.ckpt every 0.005 min of training" in job.stdout + job.stderr
+    folder = root / "version_0" / "checkpoints"
+    assert step_of(folder / "last.ckpt") == 16
+    assert 0 < step_of(folder / "last.previous.ckpt") < 16  # an interval save, mid-epoch (the epoch has 16 steps)

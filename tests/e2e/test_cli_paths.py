@@ -97,7 +97,9 @@ def test_print_config_runs_and_is_what_the_run_saves(chain):
 @pytest.mark.slow
 def test_validate_with_the_saved_config_and_last_reports_the_accuracy_training_ended_with(chain):
     root, out = chain["root"], chain["validate"]
-    assert f"--ckpt_path last resolved to {root / 'version_0' / 'checkpoints' / 'last.ckpt'}" in out, out[-3000:]
+    assert (
+        f"resume: {root / 'version_0' / 'checkpoints' / 'last.ckpt'} (--ckpt_path last: the newest last.ckpt)" in out
+    ), out[-3000:]
     assert "val: evaluated 256/5000 images" in out, out[-3000:]  # the saved config's data and limits
     reported = float(re.search(r"val/acc1\W+([0-9.]+)", out).group(1))
     ckpt = torch.load(root / "version_0" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)

@@ -18,9 +18,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from jsonargparse import Namespace
 
-from app.loggers import prepare_loggers, resume_torchrun_job
+from app.loggers import prepare_loggers
+from app.resume import apply, decide
 from core.env import detect
 from tests.conftest import ROOT
 from tests.wandb_reader import offline_runs, requires_wandb, tensorboard_scalars
@@ -65,10 +67,10 @@ def test_killed_job_resumes_the_same_wandb_run_and_tensorboard_version_without_l
     assert last.is_file(), (tmp_path / "first.log").read_text()[-3000:]
     saved = torch.load(last, map_location="cpu", weights_only=False)
     (killed_run,) = offline_runs(tmp_path)
-    assert saved["callbacks"]["TrackingConfigCallback"] == {
-        "tensorboard_version": "version_0",
-        "wandb_id": killed_run.run_id,
-    }
+    identity = dict(saved["callbacks"]["TrackingConfigCallback"])
+    config = yaml.safe_load(identity.pop("config"))  # the run's configuration, which a resume compares with its own
+    assert identity == {"tensorboard_version": "version_0", "wandb_id": killed_run.run_id}
+    assert config["trainer"]["max_epochs"] == 1000, config["trainer"]
 
     # 2. resume with a fake key, offline: same W&B run id, same TensorBoard version, training continues
     env = {**base_env, "WANDB_API_KEY": FAKE_KEY, "WANDB_MODE": "offline"}
@@ -110,7 +112,7 @@ def test_requeued_slurm_job_continues_the_run_of_its_hpc_checkpoint(tmp_path):
         return Namespace(trainer=trainer, ckpt_path=ckpt_path)
 
     requeued = config("hpc")
-    prepare_loggers(requeued, "fit")
+    prepare_loggers(requeued, "fit", decide(requeued, "fit", detect({})).path)
     tb, wb = requeued.trainer.logger
     assert (tb.init_args.version, wb.init_args.id) == ("version_3", "abc123xy")
 
@@ -119,7 +121,7 @@ def test_requeued_slurm_job_continues_the_run_of_its_hpc_checkpoint(tmp_path):
     other.mkdir()
     shutil.copy(root / "hpc_ckpt_2.ckpt", other / "weights.ckpt")
     fresh = config(str(other / "weights.ckpt"))
-    prepare_loggers(fresh, "fit")
+    prepare_loggers(fresh, "fit", other / "weights.ckpt")
     assert [lg.init_args.get("version", lg.init_args.get("id")) for lg in fresh.trainer.logger] == [None, None]
 
 
@@ -145,9 +147,13 @@ def test_restarted_torchrun_job_resumes_the_newest_last_checkpoint_of_its_own_jo
     def launch(job, restart):
         return detect({"TORCHELASTIC_RUN_ID": job, "TORCHELASTIC_RESTART_COUNT": str(restart), "WORLD_SIZE": "2"})
 
+    def resume_torchrun_job(cfg, subcommand, launch):  # the file the resume decision picked for a torchrun restart
+        decision = apply(cfg, subcommand, launch)
+        return decision.path if decision.source == "torchrun" else None
+
     restarted = config()
     assert resume_torchrun_job(restarted, "fit", launch("job-a", 1)) == root / "version_2/checkpoints/last.ckpt"
-    prepare_loggers(restarted, "fit")
+    prepare_loggers(restarted, "fit", Path(restarted.ckpt_path))
     tb, wb = restarted.trainer.logger
     assert (restarted.ckpt_path, tb.init_args.version, wb.init_args.id) == (
         str(root / "version_2/checkpoints/last.ckpt"),

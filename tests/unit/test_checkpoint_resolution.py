@@ -1,5 +1,5 @@
 """Which file ``--ckpt_path last`` and SLURM's requeue resume from, on real folders and files (the functions the
-mutation run checks: ``make mutation``)."""
+mutation run checks: ``make mutation``); a newest checkpoint that does not read falls back to the newest that does."""
 
 from __future__ import annotations
 
@@ -8,10 +8,30 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 from jsonargparse import Namespace
 
-from app.checkpoint import find_last_checkpoint, hpc_checkpoint, resolve_last
+from app.resume import apply
+from app.run_dir import find_last_checkpoint, hpc_checkpoint
+from core.env import Launch
 from core.errors import DOCS_URL
+
+NO_LAUNCHER = Launch()
+
+
+def resolve_last(config: Namespace, subcommand: str) -> Path | None:
+    """``--ckpt_path last`` resolved by the resume decision: its file when ``last`` named one, else None."""
+    given = config.ckpt_path
+    decision = apply(config, subcommand, NO_LAUNCHER)
+    return decision.path if given == "last" else None
+
+
+def saved(path: Path, mtime: int, step: int = 0) -> Path:
+    """A real (tiny) checkpoint file at ``path``, modified at ``mtime``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"global_step": step}, path)
+    os.utime(path, (mtime, mtime))
+    return path
 
 
 def touch(path: Path, mtime: int) -> Path:
@@ -49,7 +69,7 @@ def config(root: Path, ckpt_path: str | None) -> Namespace:
 
 
 def test_last_resolves_to_the_file_and_sets_ckpt_path(tmp_path):
-    last = touch(tmp_path / "version_0" / "checkpoints" / "last.ckpt", 1_000)
+    last = saved(tmp_path / "version_0" / "checkpoints" / "last.ckpt", 1_000)
     for subcommand in ("fit", "validate"):
         cfg = config(tmp_path, "last")
         assert resolve_last(cfg, subcommand) == last and cfg.ckpt_path == str(last)
@@ -93,10 +113,49 @@ def test_last_searches_the_checkpoint_dirpath_too_and_names_every_folder_it_sear
     with pytest.raises(SystemExit) as stop:
         resolve_last(cfg(), "validate")
     assert str(stop.value.code).startswith(f"error: --ckpt_path last: no checkpoint found in {searched}. ")
-    in_run = touch(root / "version_0" / "checkpoints" / "last.ckpt", 1_000)
-    newer = touch(elsewhere / "last.ckpt", 2_000)
+    in_run = saved(root / "version_0" / "checkpoints" / "last.ckpt", 1_000)
+    newer = saved(elsewhere / "last.ckpt", 2_000)
     found = cfg()
     assert resolve_last(found, "fit") == newer and found.ckpt_path == str(newer)
-    assert f"--ckpt_path last resolved to {newer}" in caplog.messages
+    assert f"resume: {newer} (--ckpt_path last: the newest last.ckpt)" in caplog.messages
     os.utime(in_run, (3_000, 3_000))  # the run folder's is the newest now: the dirpath adds a place, it replaces none
     assert resolve_last(cfg(), "fit") == in_run
+
+
+def test_a_newest_checkpoint_that_does_not_read_falls_back_to_the_newest_that_does_and_is_kept(tmp_path, caplog):
+    """A truncated newest last.ckpt (a disk fault): ``last`` resumes the newest intact checkpoint of the run folder
+    (here the ``last.previous.ckpt`` each save keeps), with one line naming both; the bad file stays as it is. Past
+    every unreadable file and none left: a fit starts from scratch and says so."""
+    caplog.set_level(logging.INFO, logger="lightning.pytorch")
+    folder = tmp_path / "version_0" / "checkpoints"
+    previous = saved(folder / "last.previous.ckpt", 1_000, step=10)
+    best = saved(folder / "epoch=0-val_acc1=0.9.ckpt", 500, step=5)
+    last = saved(folder / "last.ckpt", 2_000, step=20)
+    intact = last.read_bytes()
+    last.write_bytes(intact[: len(intact) // 2])  # the second half never reached the disk
+    os.utime(last, (2_000, 2_000))
+    cfg = config(tmp_path, "last")
+    assert resolve_last(cfg, "fit") == previous and cfg.ckpt_path == str(previous)
+    (line,) = [m for m in caplog.messages if m.startswith("warning: resume:")]
+    assert line.startswith(f"warning: resume: {last} (") and f"resuming from {previous}, the newest that reads" in line
+    assert line.endswith(f"Help: {DOCS_URL}#checkpoint-corrupt"), line
+    kept = folder / "last.ckpt.unreadable"  # out of the way of the next save, never deleted nor rewritten
+    assert not last.exists() and kept.read_bytes() == intact[: len(intact) // 2]
+    assert f"kept as {kept.name}" in line
+    previous.write_bytes(b"not a checkpoint")
+    assert resolve_last(config(tmp_path, "last"), "fit") == best  # the next newest that reads
+    best.write_bytes(b"")
+    fresh = config(tmp_path, "last")
+    assert resolve_last(fresh, "fit") is None and fresh.ckpt_path is None
+    assert "starting from scratch" in caplog.messages[-2], caplog.messages[-2:]
+
+
+def test_an_explicit_corrupt_checkpoint_is_refused_never_replaced(tmp_path):
+    """``--ckpt_path FILE`` is what the user asked for: the decision is that file, whatever else the folder holds
+    (the CLI's check refuses it with one line when it does not read: tests/e2e/test_bad_checkpoints.py)."""
+    saved(tmp_path / "version_0" / "checkpoints" / "last.ckpt", 1_000)
+    named = tmp_path / "broken.ckpt"
+    named.write_bytes(b"PK\x03\x04 truncated")
+    cfg = config(tmp_path, str(named))
+    decision = apply(cfg, "fit", NO_LAUNCHER)
+    assert (decision.path, decision.source, cfg.ckpt_path) == (named, "file", str(named))

@@ -1,0 +1,74 @@
+"""A fault inside one rank, said in one line instead of a traceback: a DataLoader worker that died.
+
+torch raises ``RuntimeError: DataLoader worker (pid(s) N) exited unexpectedly`` (or ``... is killed by signal:
+Killed.`` when its SIGCHLD handler sees the death first) from deep inside the training loop, and Python prints 20 lines
+of traceback that do not say why a worker dies. The usual reason is the kernel's out-of-memory killer (SIGKILL): each
+worker holds its own copy of what the dataset touches, and its prefetched batches. :func:`loader_worker_died` turns it
+into one line naming the rank, the worker's pid, how it ended and what to do; the rank then exits 1, so a launcher
+with restarts left (torchrun, ``--launch.max_restarts``) restarts the group, which resumes from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from types import TracebackType
+
+from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+from core.errors import with_link
+
+_DIED = re.compile(
+    r"DataLoader worker \(pids?(?:\(s\))? ([\d, ]+)\) (?:exited unexpectedly|is killed by signal: (.+?)\.?$)"
+)
+
+
+def loader_worker_died(err: BaseException) -> str | None:
+    """The one line for ``err`` when it is torch's report of a DataLoader worker that died, else None."""
+    found = _DIED.search(str(err))
+    if not isinstance(err, RuntimeError) or found is None:
+        return None
+    pids = [int(p) for p in re.findall(r"\d+", found.group(1))]
+    codes = _exit_codes(err.__traceback__)
+    code = next((codes[p] for p in pids if codes.get(p) is not None), None)
+    if code is not None and code < 0:
+        how = f"was killed by {signal.Signals(-code).name}"
+    elif code is not None:
+        how = f"exited with status {code}"
+    else:
+        how = f"was killed by signal {found.group(2)}" if found.group(2) else "exited"
+    if "SIGKILL" in how or "Killed" in how:
+        cause = (
+            "most often the kernel's out-of-memory killer: `dmesg | grep -i kill` on that node (SLURM: `sacct -j "
+            "<job> -o JobID,MaxRSS,State`). Fix: fewer workers (--data.num_workers), a smaller batch "
+            "(--data.batch_size), or more memory for the job"
+        )
+    else:
+        cause = (
+            "a crash in the worker (a decoder or a C extension of a transform) or a worker stopped from outside. "
+            "Fix: rerun with --data.num_workers 0 to see the error in the training process itself"
+        )
+    where = ", ".join(str(p) for p in pids)
+    rank = rank_zero_only.rank if hasattr(rank_zero_only, "rank") else 0
+    return with_link(
+        f"error: rank {rank}: its DataLoader worker (pid {where}) {how}; {cause}. The last checkpoint is intact "
+        "(resume with --ckpt_path last; under torchrun or --launch.max_restarts the job restarts by itself).",
+        "loader-worker-lost",
+    )
+
+
+def _exit_codes(tb: TracebackType | None) -> dict[int, int | None]:
+    """The exit codes of the DataLoader's workers, read from the loader iterator in ``tb``'s frames.
+
+    torch's message names the pid but not how the worker ended; its iterator (``self`` of the frame that raised)
+    still holds the ``multiprocessing.Process`` of each worker, which has reaped it and knows. By hand: torch offers
+    no other way to reach them.
+    """
+    codes: dict[int, int | None] = {}
+    while tb is not None:
+        workers = getattr(tb.tb_frame.f_locals.get("self"), "_workers", None)
+        for worker in workers or []:
+            if getattr(worker, "pid", None) is not None:
+                codes[worker.pid] = worker.exitcode
+        tb = tb.tb_next
+    return codes

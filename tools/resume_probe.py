@@ -67,3 +67,35 @@ def per_step(root: Path, rank: int) -> list:
     steps = {line["step"]: (line["epoch"], line["batch"], line["samples"]) for line in read_samples(root, rank)}
     assert sorted(steps) == list(range(len(steps))), sorted(steps)
     return [steps[step] for step in sorted(steps)]
+
+
+class Heartbeat(Callback):
+    """Writes ``<pid> <global step> <first step of this process> <time.time()>`` to ``<folder>/heartbeat/rank<R>``
+    after each training step (atomically), then sleeps ``pause`` seconds: where each rank is, for a script that
+    injects a fault at a chosen step and times the recovery. Each process also appends ``<pid> <first step>
+    <time>`` to ``starts_rank<R>`` at its first step."""
+
+    def __init__(self, folder: str, pause: float = 0.0) -> None:
+        self.folder, self.pause, self.first = folder, pause, None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        folder = Path(self.folder) / "heartbeat"
+        folder.mkdir(parents=True, exist_ok=True)
+        if self.first is None:  # this process's first step: one line per process, appended
+            self.first = trainer.global_step
+            with (folder / f"starts_rank{trainer.global_rank}").open("a") as starts:
+                starts.write(f"{os.getpid()} {self.first} {time.time()}\n")
+        tmp = folder / f"rank{trainer.global_rank}.tmp"
+        tmp.write_text(f"{os.getpid()} {trainer.global_step} {self.first} {time.time()}")
+        tmp.replace(folder / f"rank{trainer.global_rank}")
+        time.sleep(self.pause)
+
+
+def heartbeats(folder: Path, ranks: int) -> list[tuple[int, int, int, float]] | None:
+    """``(pid, step, first step, time)`` of each rank's latest :class:`Heartbeat`, or None until every rank has one."""
+    found = [Path(folder) / "heartbeat" / f"rank{r}" for r in range(ranks)]
+    try:
+        beats = [p.read_text().split() for p in found]
+    except FileNotFoundError:
+        return None
+    return [(int(b[0]), int(b[1]), int(b[2]), float(b[3])) for b in beats]

@@ -48,6 +48,7 @@ class ModelCheckpoint(callbacks.ModelCheckpoint):
         super().__init__(*args, **kwargs)
         self.interval_minutes = interval_minutes
         self._last_save: float | None = None  # time.monotonic() of the last save (or of the training start)
+        self._pending: int | None = None  # a step save due at an epoch's last batch, made at the epoch's end
         self._watching = False
 
     def _interval_due(self) -> bool:
@@ -85,6 +86,7 @@ class ModelCheckpoint(callbacks.ModelCheckpoint):
     @override
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         self._stop_watching(trainer, finished=False)
+        super().on_exception(trainer, pl_module, exception)
 
     def _stop_watching(self, trainer, finished: bool) -> None:
         if self._watching:
@@ -101,16 +103,27 @@ class ModelCheckpoint(callbacks.ModelCheckpoint):
         checked = self._last_time_checked
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         last_batch = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
-        if self._due(trainer, checked) and not last_batch and getattr(self, "_defer_save_until_validation", False):
-            # Lightning (2.6) defers a step save whose monitored metric (val/acc1) does not exist yet until the next
-            # validation, the top-k and last.ckpt alike: before the first validation nothing is saved, and a fault
-            # there loses up to an epoch. last.ckpt holds the state, not a score: it is saved now; the top-k waits.
-            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
-        if self._interval_agreed(trainer):
-            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        # Lightning (2.6) defers a step save whose monitored metric (val/acc1) does not exist yet to a validation,
+        # the top-k and last.ckpt alike, and at an epoch's last batch it loses it: before the first validation
+        # nothing is saved, and a fault there loses up to an epoch. last.ckpt holds the state, not a score: it is
+        # saved now (the top-k waits); at an epoch's last batch, after the epoch's own saves (on_train_epoch_end),
+        # which a save at this step would otherwise skip. The wall-clock interval's save goes the same way.
+        deferred = self._due(trainer, checked) and getattr(self, "_defer_save_until_validation", False)
+        if deferred or self._interval_agreed(trainer):
+            if last_batch:
+                self._pending = trainer.global_step
+            else:
+                self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
         ended = 0 < trainer.max_steps <= trainer.global_step
         if self.save_last and ended and not last_batch and not self._should_skip_saving_checkpoint(trainer):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    @override
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        if self._pending == trainer.global_step and not self._should_skip_saving_checkpoint(trainer):  # not saved yet
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        self._pending = None
 
     def _due(self, trainer, checked: float | None) -> bool:
         """Whether this batch's end is a step save (``every_n_train_steps``, or ``train_time_interval`` elapsed: the

@@ -188,7 +188,7 @@ class CLI(LightningCLI):
         config.stacks_on = None  # loaded already (default_config_files); the run's saved config.yaml is whole
         write_to_run_dir(config)
         self.decision = resume.apply(config, self.subcommand, detect())  # the one decision: file, last, hpc, a restart
-        if self.decision.source in ("last", "torchrun") and self.decision.path is not None and self.subcommand == "fit":
+        if self.decision.source in ("last", "torchrun", "slurm") and self.decision.path and self.subcommand == "fit":
             continue_run_of(config, self.decision.path)
         if self._checkpoint is None and self.decision.checkpoint is not None:
             self._checkpoint = self.decision.checkpoint  # read while deciding

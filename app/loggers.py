@@ -240,6 +240,8 @@ class TrackingConfigCallback(SaveConfigCallback):
                 identity["wandb_id"] = logger.version
         if run_id := os.environ.get("TORCHELASTIC_RUN_ID"):  # what a restarted worker group looks for
             identity["torchrun_job"] = run_id
+        if job := os.environ.get("SLURM_JOB_ID"):  # what a requeued job looks for
+            identity["slurm_job"] = job
         if self._config_text is not None:
             identity["config"] = self._config_text
         return identity
@@ -366,6 +368,7 @@ def _continue_the_checkpoints_run(config: Any, checkpoint: Path, tb_cfgs: list, 
             lg.init_args.id = identity["wandb_id"]
     identity.pop("config", None)
     if identity:
-        names = {"tensorboard_version": "TensorBoard", "wandb_id": "W&B run", "torchrun_job": "torchrun job"}
+        names = {"tensorboard_version": "TensorBoard", "wandb_id": "W&B run", "torchrun_job": "torchrun job",
+                 "slurm_job": "SLURM job"}  # fmt: skip
         what = " and ".join(f"{names.get(k, k)} {v}" for k, v in identity.items())
         rank_zero_info(f"Resuming from {checkpoint}: continuing {what}")

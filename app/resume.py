@@ -7,6 +7,8 @@ The sources, in the order they are asked:
 - ``--ckpt_path best|registry`` and URLs: Lightning's to resolve.
 - ``--ckpt_path last``: the newest ``last.ckpt`` of the runs in the run folder (:mod:`app.run_dir`).
 - ``--ckpt_path hpc``, or a fit under SLURM with an ``hpc_ckpt_N.ckpt`` in the run folder: SLURM's requeue checkpoint.
+- a requeued SLURM job (``SLURM_RESTART_COUNT`` > 0): also its own newest ``last.ckpt``, when newer than the
+  ``hpc_ckpt`` (a requeue after a fault, which saves no ``hpc_ckpt``).
 - a restarted torchrun worker group (``TORCHELASTIC_RESTART_COUNT`` > 0, or a job with its own ``--rdzv-id``): the
   newest ``last.ckpt`` whose run identity names this job (``TORCHELASTIC_RUN_ID``).
 
@@ -49,7 +51,8 @@ class Resume:
     Attributes:
         path: the file the run resumes from, or None.
         why: the reason, as the plan's ``resume from`` line shows it.
-        source: ``file``, ``last``, ``hpc``, ``torchrun``, ``lightning`` (a name Lightning resolves) or ``none``.
+        source: ``file``, ``last``, ``hpc``, ``torchrun``, ``slurm`` (a requeued job's own ``last.ckpt``),
+            ``lightning`` (a name Lightning resolves) or ``none``.
         passed_over: newer checkpoints of the same source that do not read, each with torch's reason.
         checkpoint: ``path`` loaded on the CPU, memory-mapped (its tensors are not read), when it was read here.
     """
@@ -111,24 +114,41 @@ def decide(config: Any, subcommand: str | None, launch: Launch) -> Resume:
     if subcommand != "fit":
         return Resume(None, "nothing")
     if given == "hpc" or launch.launcher == "slurm":
-        hpc = run_dir.hpc_checkpoints(root)
-        if hpc:
-            found = _newest_readable(hpc, trust)
-            return _said(found, "hpc", "SLURM's requeue checkpoint (Lightning saves it at preemption)", "nothing")
+        found = _slurm(root, launch, trust)
+        if found is not None:
+            return found
     job = launch.job_id
     if launch.launcher == "torchrun" and job and not (job == "none" and launch.restart_count == 0):
         # torchrun gives every job without --rdzv-id the id "none": such a job resumes only once it has restarted
-        of_job = [p for p in run_dir.resumable_checkpoints(root) if _job_of(p) in (job, None)]
-        found = _newest_readable(of_job, trust, lambda state: _identity(state).get("torchrun_job") == job)
+        of_job = [p for p in run_dir.resumable_checkpoints(root) if _job_of(p, "torchrun_job") in (job, None)]
+        found = _newest_readable(of_job, trust, lambda path, state: _identity(state).get("torchrun_job") == job)
         why = f"torchrun restart {launch.restart_count}: the newest last.ckpt of job {job}"
         return _said(found, "torchrun", why, "nothing (fresh start)")
     return Resume(None, "nothing (fresh start)")
 
 
+def _slurm(root: Path, launch: Launch, trust: bool) -> Resume | None:
+    """SLURM: the ``hpc_ckpt_N.ckpt`` Lightning saves at a preemption; a requeued job (``SLURM_RESTART_COUNT`` > 0,
+    after a preemption or a fault) also its own newest ``last.ckpt`` (its identity names this job), whichever is
+    newer. None: nothing to resume."""
+    hpc = run_dir.hpc_checkpoints(root)
+    job, requeued = launch.job_id, launch.launcher == "slurm" and launch.restart_count > 0 and bool(launch.job_id)
+    own = [p for p in run_dir.resumable_checkpoints(root) if _job_of(p, "slurm_job") in (job, None)] if requeued else []
+    if not hpc and not own:
+        return None
+    # Lightning's order for its hpc_ckpt files is the highest N; a requeued job's own files join them by age
+    candidates = sorted(hpc + own, key=lambda p: p.stat().st_mtime, reverse=True) if own else hpc
+    found = _newest_readable(candidates, trust, lambda p, state: p in hpc or _identity(state).get("slurm_job") == job)
+    if found.path is not None and found.path in hpc:
+        return _said(found, "hpc", "SLURM's requeue checkpoint (Lightning saves it at preemption)", "nothing")
+    why = f"SLURM requeue {launch.restart_count}: the newest checkpoint of job {job}"
+    return _said(found, "slurm", why, "nothing (fresh start)")
+
+
 def apply(config: Any, subcommand: str | None, launch: Launch) -> Resume:
     """:func:`decide`, then ``config.ckpt_path`` set to its file (None for a fresh start); rank 0 says what it chose."""
     decision = decide(config, subcommand, launch)
-    if decision.source not in ("last", "hpc", "torchrun"):  # a file or name given, or nothing to resume
+    if decision.source not in ("last", "hpc", "torchrun", "slurm"):  # a file or name given, or nothing to resume
         return decision
     config.ckpt_path = str(decision.path) if decision.path is not None else None
     if line := decision.fallback_line():
@@ -154,7 +174,7 @@ def _said(found: Resume, source: str, why: str, none: str) -> Resume:
     return found
 
 
-def _newest_readable(candidates: list[Path], trust: bool, wanted=lambda state: True) -> Resume:
+def _newest_readable(candidates: list[Path], trust: bool, wanted=lambda path, state: True) -> Resume:
     """The first of ``candidates`` (newest first) that reads and that ``wanted`` accepts; those that do not read are
     passed over, with torch's reason."""
     passed: list[tuple[Path, str]] = []
@@ -169,7 +189,7 @@ def _newest_readable(candidates: list[Path], trust: bool, wanted=lambda state: T
         except Exception as err:  # zip/pickle/OS errors: truncated or corrupt
             passed.append((path, _reason(err)))
             continue
-        if wanted(state):
+        if wanted(path, state):
             return Resume(path, "", passed_over=passed, checkpoint=state)
     return Resume(None, "", passed_over=passed)
 
@@ -183,10 +203,11 @@ def _identity(state: dict) -> dict:
     return dict((state.get("callbacks") or {}).get(IDENTITY) or {})
 
 
-def _job_of(path: Path) -> str | None:
-    """The torchrun job of a checkpoint, or None when it does not read (it stays a candidate, to be passed over)."""
+def _job_of(path: Path, key: str) -> str | None:
+    """The job (``torchrun_job``, ``slurm_job``) that saved a checkpoint, or None when it does not read (it stays a
+    candidate, to be passed over)."""
     try:
-        return _identity(load_on_cpu(path)).get("torchrun_job", "")
+        return _identity(load_on_cpu(path)).get(key, "")
     except Exception:
         return None
 

@@ -159,3 +159,31 @@ def test_an_explicit_corrupt_checkpoint_is_refused_never_replaced(tmp_path):
     cfg = config(tmp_path, str(named))
     decision = apply(cfg, "fit", NO_LAUNCHER)
     assert (decision.path, decision.source, cfg.ckpt_path) == (named, "file", str(named))
+
+
+def test_a_requeued_slurm_job_resumes_its_own_newest_checkpoint_hpc_or_last(tmp_path):
+    """A SLURM job requeued after a fault has no new ``hpc_ckpt``: it resumes its own newest ``last.ckpt`` when that
+    is newer than the preemption's ``hpc_ckpt``, never another job's; the first attempt resumes nothing of it."""
+    from core.env import detect
+
+    def identity(path: Path, job: str, mtime: int) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"callbacks": {"TrackingConfigCallback": {"slurm_job": job}}}, path)
+        os.utime(path, (mtime, mtime))
+        return path
+
+    hpc = identity(tmp_path / "hpc_ckpt_1.ckpt", "77", 1_000)  # saved at a preemption of job 77
+    own = identity(tmp_path / "version_0" / "checkpoints" / "last.ckpt", "77", 2_000)  # later, before a fault
+    identity(tmp_path / "version_1" / "checkpoints" / "last.ckpt", "78", 3_000)  # another job's, newer
+
+    def slurm(restarts: int):
+        env = {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": str(restarts), "SLURM_NTASKS": "2", "SLURM_PROCID": "0"}
+        return detect({**env, "SLURM_NNODES": "1", "SLURM_TASKS_PER_NODE": "2", "SLURM_JOB_NODELIST": "n1"})
+
+    decision = apply(config(tmp_path, None), "fit", slurm(1))
+    assert (decision.path, decision.source) == (own, "slurm"), decision
+    assert decision.why == "SLURM requeue 1: the newest checkpoint of job 77"
+    os.utime(hpc, (4_000, 4_000))  # preempted after that save: the hpc_ckpt is the newest state
+    assert apply(config(tmp_path, None), "fit", slurm(1)).path == hpc
+    os.utime(hpc, (1_000, 1_000))
+    assert apply(config(tmp_path, None), "fit", slurm(0)).path == hpc  # a fresh job: the preflight refuses it

@@ -29,9 +29,14 @@ class PreflightError(SystemExit):
 
 
 def build(
-    config: Any, launch: Launch | None = None, timeout: float | None = None, hang_timeout: float | None = None
+    config: Any,
+    launch: Launch | None = None,
+    timeout: float | None = None,
+    hang_timeout: float | None = None,
+    max_restarts: int = 0,
 ) -> Plan:
-    """The plan for a parsed subcommand config (LightningCLI's ``config[subcommand]``)."""
+    """The plan for a parsed subcommand config (LightningCLI's ``config[subcommand]``); ``max_restarts``:
+    ``--launch.max_restarts`` of a ``fit``."""
     launch = launch or detect()
     trainer = config.trainer
     accelerator = str(trainer.get("accelerator") or "auto")
@@ -61,14 +66,35 @@ def build(
         accumulate=int(trainer.get("accumulate_grad_batches") or 1),
         layout=layout_of(strategy, devices, nodes),
         sync_batchnorm=bool(trainer.get("sync_batchnorm")),
+        max_restarts=max_restarts,
     )
+    if max_restarts and not plan.by_agent and (why := ignored_restarts(plan)):
+        plan.notes.append(f"--launch.max_restarts {max_restarts} ignored: {why}.")
     plan.problems += launch_problems(plan) + config_problems(config)
     return plan
 
 
-def preflight(config: Any, timeout: float | None = None, echo: bool = True, hang_timeout: float | None = None) -> Plan:
+def ignored_restarts(plan: Plan) -> str | None:
+    """Why ``--launch.max_restarts`` does not apply to this run, and what restarts it instead; None when it applies
+    (a worker of the agent it started: torchrun's variables, with its ``TORCHELASTIC_MAX_RESTARTS``)."""
+    launch, given = plan.launch, plan.max_restarts
+    if launch.launcher == "torchrun":
+        same = launch.max_restarts == given
+        return None if same else f"torchrun started this job: its --max-restarts ({launch.max_restarts}) applies"
+    if launch.launcher == "slurm":
+        return "SLURM started this job: its requeue restarts it"
+    return "several nodes: start them with torchrun --max-restarts" if plan.num_nodes > 1 else "one process"
+
+
+def preflight(
+    config: Any,
+    timeout: float | None = None,
+    echo: bool = True,
+    hang_timeout: float | None = None,
+    max_restarts: int = 0,
+) -> Plan:
     """Builds and checks the plan; rank 0 prints it. Every rank exits with the fix when the plan has problems."""
-    plan = build(config, timeout=timeout, hang_timeout=hang_timeout)
+    plan = build(config, timeout=timeout, hang_timeout=hang_timeout, max_restarts=max_restarts)
     if plan.num_nodes != int(config.trainer.get("num_nodes") or 1):  # elastic torchrun: the Trainer's too
         plan.notes.append(
             f"trainer.num_nodes={config.trainer.get('num_nodes')} replaced by the {plan.num_nodes} node(s) torchrun "

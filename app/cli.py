@@ -44,6 +44,7 @@ from app.checkpoint import (
     weights_from_checkpoint,
 )
 from app.faults import loader_worker_died
+from app.launch.elastic import run_by_agent
 from app.launch.preflight import preflight
 from app.launch.rendezvous import (
     apply_timeout,
@@ -129,6 +130,17 @@ class CLI(LightningCLI):
             "turns the watch off. Set-up, the sanity check, the first step and checkpoint saves are not counted.",
         )
         parser.add_argument(
+            "--launch.max_restarts",
+            type=int,
+            default=0,
+            help="fit with several processes on one node, started without torchrun or SLURM: hand the ranks to "
+            "torch's elastic agent (torchrun's engine), which restarts the group up to this many times when a rank "
+            "dies, hangs (--launch.hang_timeout) or loses a loader worker; the group resumes from the newest "
+            "last.ckpt of the run (save one mid-epoch: --checkpoint.every_n_train_steps). Default 0, as torchrun's "
+            "--max-restarts: a restart repeats the start-up, and a deterministic failure would be repeated that many "
+            "times; 2 for unattended jobs.",
+        )
+        parser.add_argument(
             "--launch.debug",
             type=bool,
             default=False,
@@ -204,9 +216,13 @@ class CLI(LightningCLI):
         if config.launch.debug:
             hang = min(hang, DEBUG_HANG_TIMEOUT) if hang else DEBUG_HANG_TIMEOUT
         hang = effective_timeout(hang, config.launch.timeout)
-        self.plan = preflight(config, timeout=config.launch.timeout, hang_timeout=hang, resume=self.decision)
+        restarts = config.launch.max_restarts if self.subcommand == "fit" else 0
+        self.plan = preflight(
+            config, timeout=config.launch.timeout, hang_timeout=hang, resume=self.decision, max_restarts=restarts
+        )
         if port := hold_port(self.plan):  # the ranks Lightning starts meet there; no other job can take it
             rank_zero_info(f"rendezvous: port {port} of this host, held for this run until it ends")
+        run_by_agent(self.plan)  # --launch.max_restarts: torch's elastic agent runs the ranks; this process ends there
 
     def instantiate_classes(self) -> None:
         super().instantiate_classes()

@@ -19,17 +19,44 @@ from lightning.pytorch import Callback
 class SignalAt(Callback):
     """Rank ``rank`` sends itself ``signum`` when the training batch that makes global step ``step - 1`` ends, so the
     app stops at the end of the batch that makes global step ``step`` (its ranks agree on the signal at the next
-    batch's start). ``sigkill``: SIGKILL instead (a worker that dies; torchrun restarts the job)."""
+    batch's start). ``sigkill``: SIGKILL instead (a worker that dies; torchrun restarts the job). ``attempt``: only in
+    that attempt of a restarted job (``TORCHELASTIC_RESTART_COUNT``; 0: the first), or in every one (None)."""
 
-    def __init__(self, step: int = 17, signum: int = int(signal.SIGTERM), rank: int = 0, sigkill: bool = False) -> None:
-        self.step, self.signum, self.rank, self.sigkill = step, signum, rank, sigkill
+    def __init__(
+        self,
+        step: int = 17,
+        signum: int = int(signal.SIGTERM),
+        rank: int = 0,
+        sigkill: bool = False,
+        attempt: int | None = None,
+    ) -> None:
+        self.step, self.signum, self.rank, self.sigkill, self.attempt = step, signum, rank, sigkill, attempt
         self._sent = False
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self._sent or trainer.global_rank != self.rank or trainer.global_step != self.step - 1:
             return
+        if not in_attempt(self.attempt):
+            return
         self._sent = True
         os.kill(os.getpid(), signal.SIGKILL if self.sigkill else self.signum)
+
+
+class HangAt(Callback):
+    """Rank ``rank`` stops making progress (sleeps ``seconds``) when the training batch that makes global step
+    ``step - 1`` ends, alive but stuck as on a dead file system; ``attempt`` as for :class:`SignalAt`."""
+
+    def __init__(self, step: int = 17, rank: int = 1, seconds: float = 3600.0, attempt: int | None = None) -> None:
+        self.step, self.rank, self.seconds, self.attempt = step, rank, seconds, attempt
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_rank == self.rank and trainer.global_step == self.step - 1 and in_attempt(self.attempt):
+            time.sleep(self.seconds)
+
+
+def in_attempt(attempt: int | None) -> bool:
+    """Whether this process runs in ``attempt`` of a restarted job (``TORCHELASTIC_RESTART_COUNT``; unset: 0)."""
+    return attempt is None or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == attempt
 
 
 class SampleLog(Callback):

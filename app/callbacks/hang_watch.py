@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from core.env import detect
 from core.errors import with_link
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -310,8 +311,16 @@ class _Watchdog(threading.Thread):
                 "--prefix nccl_trace_rank_` (torch.distributed.flight_recorder)."
             )
         ckpts = self.state.get("checkpoints")
+        launch = detect()  # torchrun --max-restarts (or --launch.max_restarts) with a restart left: it heals itself
+        restart = launch.restart_count < launch.max_restarts
         lines.append(
-            "Every rank now exits with status 1. Resume: the same command plus `--ckpt_path last`"
+            "Every rank now exits with status 1. "
+            + (
+                f"torchrun restarts the worker group (restart {launch.restart_count + 1} of {launch.max_restarts}), "
+                "which resumes from the newest last.ckpt of this run"
+                if restart
+                else "Resume: the same command plus `--ckpt_path last`"
+            )
             + (f" (the last checkpoint in {ckpts} is intact)" if ckpts else "")
             + ". If a step legitimately takes longer, raise `--launch.hang_timeout SECONDS` (0 turns the watch off)."
         )

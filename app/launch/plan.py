@@ -59,12 +59,20 @@ class Plan:
     layout: Layout | None = None  # default: the registered strategy's layout on ``devices``
     sync_batchnorm: bool = False
     checkpoint_minutes: float | None = None  # last.ckpt every that many minutes of training (None: checkpoints off)
+    max_restarts: int = 0  # --launch.max_restarts (fit only); torch's elastic agent starts the ranks: ``by_agent``
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.layout is None:
             self.layout = layout_of(self.strategy, self.devices, self.num_nodes)
+
+    @property
+    def by_agent(self) -> bool:
+        """This process hands the job to torch's elastic agent (:mod:`app.launch.elastic`): ``--launch.max_restarts``
+        on a one-node multi-process run that Lightning's launcher would start."""
+        world = self.world_size or 1
+        return self.max_restarts > 0 and self.launch.launcher == "none" and self.num_nodes == 1 and world > 1
 
     @property
     def devices_per_process(self) -> int:
@@ -152,8 +160,12 @@ class Plan:
         launch = self.launch
         nodes = launch.nodes or self.num_nodes
         per_node = launch.tasks_per_node or self.devices
+        agent = (
+            f"torch's elastic agent, started by this process (--launch.max_restarts {self.max_restarts}): a rank that "
+            "dies or hangs restarts the group, which resumes from the newest last.ckpt of this run"
+        )
         lines = [
-            f"launcher     {LAUNCHER_NAMES[launch.launcher]}"
+            f"launcher     {agent if self.by_agent else LAUNCHER_NAMES[launch.launcher]}"
             + (" (started by python -m torch.distributed.launch, deprecated)" if launch.legacy_launch else "")
             + (f", job {launch.job_id} (restart {launch.restart_count})" if launch.job_id else ""),
             *([self._elastic()] if launch.max_restarts or launch.node_range else []),

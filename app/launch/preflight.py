@@ -35,9 +35,11 @@ def build(
     timeout: float | None = None,
     hang_timeout: float | None = None,
     resume: Resume | None = None,
+    max_restarts: int = 0,
 ) -> Plan:
     """The plan for a parsed subcommand config (LightningCLI's ``config[subcommand]``); ``resume``: what the run
-    resumes from (:func:`app.resume.decide`'s decision, made here for a fit when not given)."""
+    resumes from (:func:`app.resume.decide`'s decision, made here for a fit when not given); ``max_restarts``:
+    ``--launch.max_restarts`` of a ``fit``."""
     launch = launch or detect()
     trainer = config.trainer
     accelerator = str(trainer.get("accelerator") or "auto")
@@ -68,9 +70,24 @@ def build(
         checkpoint_minutes=get(config, "checkpoint", "interval_minutes")
         if trainer.get("enable_checkpointing") is not False and get(config, "checkpoint", "save_last")
         else None,
+        max_restarts=max_restarts,
     )
+    if max_restarts and not plan.by_agent and (why := ignored_restarts(plan)):
+        plan.notes.append(f"--launch.max_restarts {max_restarts} ignored: {why}.")
     plan.problems += launch_problems(plan) + config_problems(config)
     return plan
+
+
+def ignored_restarts(plan: Plan) -> str | None:
+    """Why ``--launch.max_restarts`` does not apply to this run, and what restarts it instead; None when it applies
+    (a worker of the agent it started: torchrun's variables, with its ``TORCHELASTIC_MAX_RESTARTS``)."""
+    launch, given = plan.launch, plan.max_restarts
+    if launch.launcher == "torchrun":
+        same = launch.max_restarts == given
+        return None if same else f"torchrun started this job: its --max-restarts ({launch.max_restarts}) applies"
+    if launch.launcher == "slurm":
+        return "SLURM started this job: its requeue restarts it"
+    return "several nodes: start them with torchrun --max-restarts" if plan.num_nodes > 1 else "one process"
 
 
 def preflight(
@@ -79,9 +96,10 @@ def preflight(
     echo: bool = True,
     hang_timeout: float | None = None,
     resume: Resume | None = None,
+    max_restarts: int = 0,
 ) -> Plan:
     """Builds and checks the plan; rank 0 prints it. Every rank exits with the fix when the plan has problems."""
-    plan = build(config, timeout=timeout, hang_timeout=hang_timeout, resume=resume)
+    plan = build(config, timeout=timeout, hang_timeout=hang_timeout, resume=resume, max_restarts=max_restarts)
     if plan.num_nodes != int(config.trainer.get("num_nodes") or 1):  # elastic torchrun: the Trainer's too
         plan.notes.append(
             f"trainer.num_nodes={config.trainer.get('num_nodes')} replaced by the {plan.num_nodes} node(s) torchrun "

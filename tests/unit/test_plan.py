@@ -205,3 +205,27 @@ def test_deprecated_launcher_gets_a_note_with_the_torchrun_command(config_of):
     torchrun = ["python", "/venv/bin/torchrun", "--nproc_per_node", "2", "cli.py", "fit"]
     assert detect(TORCHRUN_2, argv=["cli.py", "fit"], parent=torchrun).legacy_launch is None
     assert "deprecated" not in build(config, launch=detect(TORCHRUN_2, argv=["cli.py"], parent=torchrun)).render()
+
+
+def test_max_restarts_hands_a_one_node_multi_process_fit_to_the_agent_and_is_a_note_elsewhere(config_of):
+    ddp2 = config_of("--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.accelerator", "cpu")
+    plan = build(ddp2, launch=detect({}), max_restarts=2)
+    assert plan.by_agent and not plan.notes
+    assert "launcher     torch's elastic agent, started by this process (--launch.max_restarts 2)" in plan.render()
+    assert not build(ddp2, launch=detect({})).by_agent  # default 0: Lightning's launcher
+    # a rank the agent started (torchrun's variables, its TORCHELASTIC_MAX_RESTARTS): in effect, nothing to say
+    worker = build(ddp2, launch=detect({**TORCHRUN_2, "TORCHELASTIC_MAX_RESTARTS": "2"}), max_restarts=2)
+    assert not worker.by_agent and not worker.notes and "restart 0 of at most 2" in worker.render()
+    ignored = {
+        "one process": build(config_of("--trainer.devices", "1"), launch=detect({}), max_restarts=2),
+        "several nodes": build(
+            config_of("--trainer.devices", "2", "--trainer.num_nodes", "2", "--trainer.accelerator", "cpu"),
+            launch=detect({"MASTER_ADDR": "127.0.0.1"}),
+            max_restarts=2,
+        ),
+        "its --max-restarts (0) applies": build(ddp2, launch=detect(TORCHRUN_2), max_restarts=2),
+    }
+    for why, plan in ignored.items():
+        assert not plan.by_agent and any(
+            n.startswith("--launch.max_restarts 2 ignored") and why in n for n in plan.notes
+        ), (why, plan.notes)

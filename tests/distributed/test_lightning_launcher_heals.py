@@ -1,0 +1,172 @@
+"""``python cli.py fit --trainer.devices 2 --trainer.strategy ddp --launch.max_restarts K`` (no torchrun): torch's
+elastic agent runs the ranks (``app.launch.elastic``) and a fault heals itself. Real 2-process gloo jobs on MNIST:
+
+- rank 1 SIGKILLed mid-epoch (in the first attempt only), and rank 1 asleep mid-epoch until the hang watch ends the
+  attempt: each job exits 0 in one run folder, says once that the group restarts, and ends with the same weights bit
+  for bit and the same samples at each step as the same command never interrupted under Lightning's own launcher
+  (``--launch.max_restarts 0``);
+- rank 1 SIGKILLed in every attempt: the restarts are used up, the parent exits 1 with one ``error:`` line and no
+  traceback;
+- SIGTERM to the parent: the agent stops the ranks, which save ``last.ckpt`` and exit.
+
+No process of a job is left behind (its processes are found by a variable of the test's in their environment: the
+agent starts the ranks in sessions of their own).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import ROOT, short_fit
+from tests.troubleshooting import assert_documented
+from tools.resume_probe import per_step
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.xdist_group("timing")]
+
+EPOCHS, BATCHES, EVERY = 2, 6, 2  # 12 steps; last.ckpt every 2 steps once a validation has run (the monitor's metric)
+FAULT_AT = 10  # rank 1 fails at the end of the batch that makes step 9: mid-epoch 1, one step after the save of step 8
+MARK = "LAUNCHER_HEALS_TEST_JOB"  # in the environment of every process of a job (the agent copies it to the ranks)
+
+
+def job_args(mnist_dir: Path, root: Path, *extra: str) -> list[str]:
+    return [
+        str(ROOT / "cli.py"), "fit", *short_fit(root, mnist_dir, BATCHES, 2, epochs=EPOCHS, batch_size=16),
+        "--trainer.devices", "2", "--trainer.strategy", "ddp", "--seed_everything", "7", "--launch.timeout", "60",
+        "--checkpoint.every_n_train_steps", str(EVERY),
+        "--trainer.callbacks+=tools.resume_probe.SampleLog", f"--trainer.callbacks.folder={root}", *extra,
+    ]  # fmt: skip
+
+
+def fault(probe: str, *extra: str, step: int = FAULT_AT, attempt: int | None = 0) -> list[str]:
+    """``probe`` (``SignalAt`` / ``HangAt`` of ``tools.resume_probe``) on rank 1 at ``step``, in the first attempt
+    only (``attempt`` None: in every attempt)."""
+    args = [f"--trainer.callbacks+=tools.resume_probe.{probe}", "--trainer.callbacks.step", str(step)]
+    args += ["--trainer.callbacks.rank", "1", *extra]
+    return args + (["--trainer.callbacks.attempt", str(attempt)] if attempt is not None else [])
+
+
+def start(args: list[str], root: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", MARK: str(root)}
+    return subprocess.Popen(
+        [sys.executable, *args], cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+
+
+def run(args: list[str], root: Path, timeout: float = 300) -> tuple[int, str]:
+    job = start(args, root)
+    try:
+        out, _ = job.communicate(timeout=timeout)
+    finally:
+        job.kill()
+    nothing_left(root)
+    return job.returncode, out
+
+
+def processes_of(root: Path) -> list[int]:
+    """Live processes (not zombies) whose environment carries this job's :data:`MARK`."""
+    found, mark = [], f"{MARK}={root}".encode()
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            alive = (environ.parent / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+            if alive and mark in environ.read_bytes().split(b"\0"):
+                found.append(int(environ.parent.name))
+        except (OSError, IndexError):
+            continue
+    return found
+
+
+def nothing_left(root: Path) -> None:
+    deadline = time.monotonic() + 10
+    while processes_of(root) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = processes_of(root)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes left behind: {left}"
+
+
+def last_of(root: Path) -> dict:
+    (version,) = root.glob("version_*")  # one run folder, whatever the attempts
+    assert version.name == "version_0", version
+    return torch.load(version / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(mnist_dir, tmp_path_factory) -> Path:
+    """The same job under Lightning's own launcher, never interrupted: the run the healed jobs must equal."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    code, out = run(job_args(mnist_dir, root, "--launch.max_restarts", "0"), root)
+    assert code == 0, out[-4000:]
+    assert "launcher     none (Lightning starts the local processes)" in out, out[-4000:]
+    assert last_of(root)["global_step"] == EPOCHS * BATCHES
+    return root
+
+
+def assert_healed(out: str, root: Path, reference: Path) -> None:
+    """One restart, said once; resumed from the mid-epoch save; the uninterrupted job's weights and samples."""
+    assert "launcher     torch's elastic agent, started by this process (--launch.max_restarts 2)" in out, out[-4000:]
+    said = [line for line in out.splitlines() if "restarts the worker group" in line]
+    assert len(said) == 1 and "(restart 1 of 2)" in said[0], said
+    last = root / "version_0" / "checkpoints" / "last.ckpt"
+    assert f"torchrun restart 1: resuming {last}" in out, out[-4000:]
+    assert "Traceback" not in out, out[-4000:]
+    ours, theirs = last_of(root), last_of(reference)
+    assert ours["global_step"] == EPOCHS * BATCHES
+    assert ours["state_dict"].keys() == theirs["state_dict"].keys()
+    assert all(torch.equal(ours["state_dict"][k], v) for k, v in theirs["state_dict"].items()), "weights differ"
+    for rank in (0, 1):
+        steps = per_step(root, rank)
+        assert len(steps) == EPOCHS * BATCHES and steps == per_step(reference, rank), rank
+
+
+def test_a_killed_rank_restarts_the_group_which_ends_as_the_uninterrupted_run(mnist_dir, tmp_path, uninterrupted):
+    kill = fault("SignalAt", "--trainer.callbacks.sigkill", "true")
+    code, out = run(job_args(mnist_dir, tmp_path, "--launch.max_restarts", "2", *kill), tmp_path)
+    assert code == 0, out[-5000:]
+    assert "torchrun: lost rank 1 of 2 (" in out, out[-5000:]
+    assert_healed(out, tmp_path, uninterrupted)
+
+
+def test_a_hung_rank_restarts_the_group_which_ends_as_the_uninterrupted_run(mnist_dir, tmp_path, uninterrupted):
+    hang = ["--launch.hang_timeout", "10", *fault("HangAt")]
+    code, out = run(job_args(mnist_dir, tmp_path, "--launch.max_restarts", "2", *hang), tmp_path)
+    assert code == 0, out[-5000:]
+    assert "error: hang watch: rank 1 of 2 is stuck" in out, out[-5000:]
+    assert_healed(out, tmp_path, uninterrupted)
+
+
+def test_restarts_used_up_end_the_job_with_one_line(mnist_dir, tmp_path):
+    # killed in every attempt, early in the first epoch (before any checkpoint): both attempts fail the same way
+    kill = fault("SignalAt", "--trainer.callbacks.sigkill", "true", step=3, attempt=None)
+    code, out = run(job_args(mnist_dir, tmp_path, "--launch.max_restarts", "1", *kill), tmp_path)
+    assert code == 1, out[-5000:]
+    line = assert_documented(out, "restarts-used-up")
+    assert line.startswith("error: rank 1 (pid ") and "was killed by SIGKILL" in line and "(1 of 1 used)" in line, line
+    assert "Traceback" not in out, out[-5000:]
+    assert out.count("restarts the worker group (restart 1 of 1)") == 1, out[-5000:]
+
+
+def test_sigterm_to_the_parent_stops_every_rank(mnist_dir, tmp_path):
+    job = start(job_args(mnist_dir, tmp_path, "--launch.max_restarts", "2", "--trainer.max_epochs", "1000"), tmp_path)
+    try:
+        samples = tmp_path / "samples_rank1.jsonl"
+        deadline = time.monotonic() + 120
+        while not (samples.is_file() and len(samples.read_text().splitlines()) >= 3) and time.monotonic() < deadline:
+            assert job.poll() is None, job.communicate()[0][-4000:]
+            time.sleep(0.1)
+        job.send_signal(signal.SIGTERM)
+        out, _ = job.communicate(timeout=60)
+    finally:
+        job.kill()
+    nothing_left(tmp_path)
+    assert job.returncode == 128 + signal.SIGTERM, out[-4000:]
+    assert "Traceback" not in out, out[-4000:]
+    assert last_of(tmp_path)["global_step"] >= 3  # the ranks stopped at a step boundary with a checkpoint

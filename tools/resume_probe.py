@@ -54,6 +54,34 @@ class HangAt(Callback):
             time.sleep(self.seconds)
 
 
+class KillLoaderWorkerAt(Callback):
+    """Rank ``rank`` SIGKILLs its newest DataLoader worker (the OOM killer's way) when the training batch that makes
+    global step ``step - 1`` ends; ``attempt`` as for :class:`SignalAt`. The workers are the children of the rank's
+    multiprocessing forkserver (the app's start method for them), read from Linux's ``/proc``."""
+
+    def __init__(self, step: int = 17, rank: int = 1, attempt: int | None = None) -> None:
+        self.step, self.rank, self.attempt = step, rank, attempt
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_rank == self.rank and trainer.global_step == self.step - 1 and in_attempt(self.attempt):
+            servers = [p for p in children(os.getpid()) if b"forkserver" in Path(f"/proc/{p}/cmdline").read_bytes()]
+            workers = [w for server in servers for w in children(server)]
+            os.kill(max(workers), signal.SIGKILL)
+
+
+def children(pid: int) -> list[int]:
+    """The live child processes of ``pid``, from ``/proc``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return sorted(found)
+
+
 def in_attempt(attempt: int | None) -> bool:
     """Whether this process runs in ``attempt`` of a restarted job (``TORCHELASTIC_RESTART_COUNT``; unset: 0)."""
     return attempt is None or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == attempt

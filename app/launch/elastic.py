@@ -5,7 +5,7 @@ Why ``torch.distributed.launcher.api.elastic_launch``: it is torch's engine, the
 --max-restarts``, so the workers see torchrun's variables (``TORCHELASTIC_RUN_ID``, ``TORCHELASTIC_RESTART_COUNT``,
 ``TORCHELASTIC_MAX_RESTARTS``), :func:`core.env.detect` reports them as torchrun, and what the app does for a torchrun
 job applies unchanged: a restarted group resumes from the newest ``last.ckpt`` of its job
-(:func:`app.loggers.resume_torchrun_job`, keyed on the run id given here) and ends bit for bit as an uninterrupted
+(:func:`app.resume.decide`, keyed on the run id given here) and ends bit for bit as an uninterrupted
 run; the survivors' lost-rank line says a restart follows; each attempt meets in its own namespace of the agent's
 store (:func:`app.launch.rendezvous.join_this_attempt`), which the hang watch reads too. No supervisor of our own.
 
@@ -13,7 +13,7 @@ What a user gives up against Lightning's launcher: one more process (this one pa
 under Lightning's launcher it would be rank 0), and every restart repeats the start-up (imports, data set-up). What
 they gain: a rank that dies (SIGKILL, the OOM killer, a killed DataLoader worker) or that the hang watch finds stuck
 restarts the group instead of ending the job, which loses at most the steps since the last ``last.ckpt``
-(``--checkpoint.every_n_train_steps``).
+(``--checkpoint.interval_minutes``, 10 by default).
 """
 
 from __future__ import annotations

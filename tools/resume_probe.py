@@ -83,8 +83,10 @@ def children(pid: int) -> list[int]:
 
 
 def in_attempt(attempt: int | None) -> bool:
-    """Whether this process runs in ``attempt`` of a restarted job (``TORCHELASTIC_RESTART_COUNT``; unset: 0)."""
-    return attempt is None or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == attempt
+    """Whether this process runs in ``attempt`` of a restarted job (``TORCHELASTIC_RESTART_COUNT``, or SLURM's
+    ``SLURM_RESTART_COUNT`` for a requeued job; unset: 0)."""
+    count = os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("SLURM_RESTART_COUNT") or "0"
+    return attempt is None or int(count) == attempt
 
 
 class SampleLog(Callback):

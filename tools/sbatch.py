@@ -36,6 +36,7 @@ class Job:
     partition: str | None = None
     account: str | None = None
     signal_seconds: int = 90
+    max_restarts: int = 0  # --launch.max_restarts of the command: requeues after a failed step
     sbatch_lines: list[str] = field(default_factory=list)
     setup_lines: list[str] = field(default_factory=list)
     python: str = sys.executable
@@ -83,10 +84,38 @@ class Job:
                 "export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}",
                 "# Every attempt (requeues included) uses the same run dir: SIGUSR1 -> hpc_ckpt_N.ckpt there -> resume",
                 'echo "job $SLURM_JOB_ID attempt $((${SLURM_RESTART_COUNT:-0} + 1)) on $SLURM_JOB_NODELIST"',
-                f"srun --kill-on-bad-exit=1 {srun}",
+                *(self._requeue_on_failure(srun) if self.max_restarts else [f"srun --kill-on-bad-exit=1 {srun}"]),
                 "",
             ]
         )
+
+    def _requeue_on_failure(self, srun: str) -> list[str]:
+        """``--launch.max_restarts K``: a failed step (a rank that died or that the hang watch found stuck, a killed
+        DataLoader worker, a lost node) requeues the job while fewer than K requeues were made, and the requeued
+        attempt resumes its newest checkpoint (:mod:`app.resume`). SLURM's own ``scontrol requeue``, decided by this
+        script: with ``--kill-on-bad-exit`` the step's other ranks are gone by then, and a requeue made already (a
+        preemption's, by Lightning) is not made twice."""
+        k = self.max_restarts
+        return [
+            f"# --launch.max_restarts {k}: a failed step requeues the job (scontrol requeue) while fewer than {k} "
+            "requeues were made;",
+            "# the requeued attempt resumes from its newest checkpoint. srun's lines name the node of a failed task.",
+            "status=0",
+            f"srun --kill-on-bad-exit=1 {srun} || status=$?",
+            'restarts=$(scontrol show job "$SLURM_JOB_ID" | grep -o "Restarts=[0-9]*" | cut -d= -f2 || true)',
+            'if [ "$status" -ne 0 ] && [ "${restarts:-0}" -le "${SLURM_RESTART_COUNT:-0}" ]; then',
+            f'  if [ "${{SLURM_RESTART_COUNT:-0}}" -lt {k} ]; then',
+            '    echo "SLURM: the job step failed (exit $status); requeue $((${SLURM_RESTART_COUNT:-0} + 1)) of '
+            f"{k}: the job resumes from its newest checkpoint. If srun named a node above, keep the job off it: "
+            'sbatch --exclude NODE"',
+            '    scontrol requeue "$SLURM_JOB_ID"',
+            "    exit 0",
+            "  fi",
+            f'  echo "error: the job step failed (exit $status) and no requeue is left ({k} of {k} used), so the job '
+            "fails. Fix: look at the failed rank's lines above, then submit again with --ckpt_path last\"",
+            "fi",
+            'exit "$status"',
+        ]
 
 
 def submit(job: Job, dry_run: bool) -> str | None:

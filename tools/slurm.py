@@ -84,6 +84,7 @@ def build_job(ns: argparse.Namespace, command: list[str]) -> Job:
     job.job_name = ns.job_name or f"dptrain-{Path(job.run_dir).name}"
     job.time, job.partition, job.account = ns.time, ns.partition, ns.account
     job.signal_seconds, job.python = ns.signal_seconds, ns.python
+    job.max_restarts = int(config.launch.get("max_restarts") or 0)
     job.sbatch_lines = [line if line.startswith("--") else f"--{line}" for line in ns.sbatch]
     job.setup_lines = list(ns.setup)
     world = job.nodes * job.tasks_per_node

@@ -74,6 +74,12 @@ def build(
     )
     if max_restarts and not plan.by_agent and (why := ignored_restarts(plan)):
         plan.notes.append(f"--launch.max_restarts {max_restarts} ignored: {why}.")
+    if max_restarts and launch.launcher == "slurm":
+        plan.notes.append(
+            f"--launch.max_restarts {max_restarts}: the batch script of `python -m tools.slurm submit` requeues the "
+            f"job after a failed step while fewer than {max_restarts} requeues were made ({launch.restart_count} so "
+            "far); the requeued job resumes from its newest checkpoint."
+        )
     plan.problems += launch_problems(plan) + config_problems(config)
     return plan
 
@@ -86,7 +92,7 @@ def ignored_restarts(plan: Plan) -> str | None:
         same = launch.max_restarts == given
         return None if same else f"torchrun started this job: its --max-restarts ({launch.max_restarts}) applies"
     if launch.launcher == "slurm":
-        return "SLURM started this job: its requeue restarts it"
+        return None  # the batch script of `python -m tools.slurm submit` requeues a failed step (the plan says so)
     return "several nodes: start them with torchrun --max-restarts" if plan.num_nodes > 1 else "one process"
 
 

@@ -130,6 +130,29 @@ def test_sigusr1_checkpoints_requeues_and_resumes_to_the_same_step(slurm_env, mn
     assert runs[0].run_id == runs[1].run_id, [r.run_id for r in runs]  # the requeued attempt continues the W&B run
 
 
+def test_a_killed_rank_requeues_the_job_which_resumes_to_the_same_weights(
+    slurm_env, mnist_dir, tmp_path, uninterrupted
+):
+    """``--launch.max_restarts 1``: rank 1 is SIGKILLed mid-epoch 2 in the first attempt; srun ends the step, the
+    batch script requeues the job (``scontrol requeue``), and the requeued attempt resumes its own newest checkpoint
+    (the end of epoch 1) and ends with the uninterrupted job's weights and samples, in one run folder."""
+    kill = ["--trainer.callbacks+=tools.resume_probe.SignalAt", "--trainer.callbacks.step", str(HOLD)]
+    kill += ["--trainer.callbacks.rank", "1", "--trainer.callbacks.sigkill", "true", "--trainer.callbacks.attempt", "0"]
+    args = [*fit_args(mnist_dir, tmp_path), *kill, "--launch.max_restarts", "1"]
+    job = submit(slurm_env, "--tasks-per-node", "2", "--time", "10:00", "--", *args)
+    info = wait_job(slurm_env, job)
+    log = (tmp_path / f"slurm-{job}.out").read_text()
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, log[-3000:])
+    assert "SLURM: the job step failed (exit " in log and "requeue 1 of 1" in log, log[-3000:]
+    assert "resume: " in log and "(SLURM requeue 1: the newest checkpoint of job " in log, log[-3000:]
+    uninterrupted_root = uninterrupted[0]
+    assert final_step(tmp_path) == final_step(uninterrupted_root) == EPOCHS * BATCHES
+    ours, theirs = (last_weights(root) for root in (tmp_path, uninterrupted_root))
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs), "the requeued job's weights differ"
+    for rank in (0, 1):
+        assert per_step(tmp_path, rank) == per_step(uninterrupted_root, rank), rank
+
+
 def test_tasks_per_node_not_matching_devices_fails_fast_with_the_fix(slurm_env, tmp_path):
     command = [
         "srun", "--nodes=1", "--ntasks-per-node=2", "--time=5", sys.executable, str(ROOT / "cli.py"), "fit",

@@ -32,6 +32,7 @@ from app.callbacks import DEFAULTS, ModelCheckpoint, StopAtAccuracy
 from app.callbacks.debug_checks import DEBUG_HANG_TIMEOUT, DebugChecks, apply_debug, capture_rank_logs
 from app.callbacks.hang_watch import apply_flight_recorder, effective_timeout
 from app.callbacks.hang_watch import install as install_hang_watch
+from app.callbacks.lost_rank import watch_the_start_up
 from app.checkpoint import (
     AtomicCheckpointIO,
     check_fits,
@@ -300,6 +301,7 @@ def main(args: list[str] | None = None, run: bool = True, cli_class: type[CLI] |
     # CLI.parse_arguments (exit_on_error=False) and user errors become one line; with run=False (tests, tools) the
     # caller gets the parser's own exit and the exceptions themselves.
     silence_known_noise()
+    watch_the_start_up()  # a local rank that dies while the job starts: the app's line, not Lightning's SIGKILL
     args = run_dir_for_loggers(accept_local_rank(sys.argv[1:] if args is None else args))
     strict = {"allow_abbrev": False, "exit_on_error": not run}
     with user_errors_explained() if run else contextlib.nullcontext(), contextlib.ExitStack() as ending:

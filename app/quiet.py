@@ -17,9 +17,16 @@ def _not_a_tip(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith(_LIGHTNING_TIPS)
 
 
+def _not_lightnings_zombie_line(record: logging.LogRecord) -> bool:
+    # Lightning's child observer announces that it SIGKILLs every rank; the app replaces that with its own line and
+    # exit (app.callbacks.lost_rank.watch_the_start_up), so the announcement would be wrong
+    return "Forcefully terminating all other processes to avoid zombies" not in str(record.msg)
+
+
 def silence_known_noise() -> None:
     """Idempotent: the same filter object is added once however often it is called."""
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_not_a_tip)
+    logging.getLogger("lightning.fabric.strategies.launchers.subprocess_script").addFilter(_not_lightnings_zombie_line)
     # lightning.pytorch.utilities._pytree builds torch's deprecated LeafSpec for every batch it moves; the fix is
     # Lightning's to make (torch asks for `TreeSpec.is_leaf()`), and the user can do nothing about it.
     warnings.filterwarnings(

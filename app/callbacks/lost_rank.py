@@ -165,3 +165,33 @@ class LostRank(Callback):
             "where the hang watch does not look (before its first training step ended, or with "
             "`--launch.hang_timeout 0`)"
         )
+
+
+def watch_the_start_up() -> None:
+    """A local rank that dies while the job starts (before :class:`LostRank` exists on rank 0: the process group's
+    rendezvous, the data set-up) is named in the app's one line, and rank 0 exits 1.
+
+    Lightning's launcher polls its children (``_ChildProcessObserver``) and, for a dead one, SIGKILLs every rank and
+    itself: the job ends with status 137 and no line of the app's. Its observer has no hook, so its
+    ``_terminate_all`` is replaced here for the whole process (:meth:`LostRank.setup` takes over each run's observer
+    once training is set up). Idempotent; installed by :func:`app.cli.main`.
+    """
+    from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
+
+    _ChildProcessObserver._terminate_all = _died_starting
+
+
+def _died_starting(observer) -> None:
+    with _REPORTING:
+        reported, LostRank._starting_reported = getattr(LostRank, "_starting_reported", False), True
+    if reported:
+        return
+    procs = observer._child_processes
+    dead = {i + 1: p for i, p in enumerate(procs) if p.poll() not in (None, 0)}
+    how = ", ".join(f"rank {r} pid {p.pid} exit {p.returncode}" for r, p in dead.items())
+    how += " while the job was starting, before training; a negative exit is the signal that ended it, -9 = SIGKILL"
+    print(LostRank._message(list(dead), len(procs) + 1, how, 0, None), file=sys.stderr, flush=True)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+    os._exit(1)  # from the observer's thread: the main thread may wait in the rendezvous for the dead rank

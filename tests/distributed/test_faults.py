@@ -316,3 +316,25 @@ def test_last_checkpoint_is_saved_on_the_wall_clock_interval_by_every_rank_at_th
     folder = root / "version_0" / "checkpoints"
     assert step_of(folder / "last.ckpt") == 16
     assert 0 < step_of(folder / "last.previous.ckpt") < 16  # an interval save, mid-epoch (the epoch has 16 steps)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_rank_killed_while_the_job_starts_is_named_and_the_job_exits_1(mnist_dir, tmp_path):
+    """Rank 1 SIGKILLed as soon as Lightning's launcher started it (before the process group formed): rank 0 names it
+    in the app's one line and exits 1, instead of Lightning's SIGKILL of every rank (exit 137); nothing is left."""
+    root = tmp_path / "run"
+    job = start(root, mnist_dir, "--trainer.strategy", "ddp", "--trainer.devices", "2", "--launch.timeout", "60")
+    deadline, rank1 = time.monotonic() + 120, None
+    while rank1 is None and time.monotonic() < deadline and job.poll() is None:
+        found = [p for p in children(job.pid) if b"cli.py" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        rank1 = found[0] if found else None
+        time.sleep(0.02)
+    assert rank1 is not None, job.communicate()[0][-3000:]
+    os.kill(rank1, signal.SIGKILL)
+    code, out, seconds = finish(job, timeout=LAUNCH_TIMEOUT)
+    print(f"\nrank 1 SIGKILLed at its start: rank 0 exited {code} after {seconds:.1f} s")
+    assert code == 1 and "Traceback" not in out and "Forcefully terminating" not in out, out[-4000:]
+    said = assert_documented(out, "lost-rank")
+    assert said.startswith(f"error: lost rank 1 of 2 (rank 1 pid {rank1} exit -9 while the job was starting"), said
+    nothing_left(job.pid)

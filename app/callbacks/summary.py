@@ -4,6 +4,7 @@ its last block is the per-rank step time of :class:`~app.callbacks.stragglers.St
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,9 @@ from app.callbacks.amp import AMPHealth
 from app.callbacks.stop_at_accuracy import StopAtAccuracy
 from app.callbacks.stragglers import Stragglers, render
 from app.callbacks.throughput import Throughput, data_parallel_devices
+from core.env import detect
+
+RESTARTED_BY = {"torchrun": "torch's elastic agent", "slurm": "a SLURM requeue"}
 
 
 def _find(trainer: Trainer, kind: type) -> Any:
@@ -38,6 +42,25 @@ class TrainingSummary(Callback):
         self.last: float | None = None
         self.summary: dict[str, Any] = {}
         self.ranks: list[dict[str, Any]] = []
+        # the restarts this run healed, kept in its checkpoints across attempts: {restart, launcher, resumed at step,
+        # lost_s} with lost_s from the save of the checkpoint it resumed to its first step after the restart
+        self.faults: list[dict[str, Any]] = []
+        self._saved_at: float | None = None  # time.time() of the save of the checkpoint this run resumed from
+        self._resumed: dict[str, Any] | None = None
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        launch = detect()
+        if launch.restart_count and self._saved_at is not None:  # a restarted attempt that resumed a checkpoint
+            launcher = RESTARTED_BY.get(launch.launcher, launch.launcher)
+            step = trainer.global_step
+            self._resumed = {"restart": launch.restart_count, "launcher": launcher, "resumed at step": step}
+
+    def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
+        if self._resumed is not None and self._saved_at is not None:
+            known = {(f["launcher"], f["restart"]) for f in self.faults}
+            if (self._resumed["launcher"], self._resumed["restart"]) not in known:
+                self.faults.append({**self._resumed, "lost_s": round(time.time() - self._saved_at, 1)})
+            self._resumed = None
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.sanity_checking or self.monitor not in trainer.callback_metrics:
@@ -61,6 +84,9 @@ class TrainingSummary(Callback):
             "precision": trainer.precision,
             "AMP skipped steps": amp.skipped_steps if amp else None,
         }
+        if self.faults:  # what healing cost: the time since the resumed checkpoint was saved, to the next step
+            lost = sum(f["lost_s"] for f in self.faults)
+            self.summary["faults healed"] = f"{len(self.faults)} ({self.faults[-1]['launcher']}), {lost:.1f} s lost"
         stragglers = _find(trainer, Stragglers)
         self.ranks = stragglers.collect(trainer) if stragglers else []  # a collective: every rank gathers
         # Lightning's Rich progress bar draws its last frame when it stops, in its teardown (after on_fit_end): stopped
@@ -81,13 +107,16 @@ class TrainingSummary(Callback):
         rank_zero_info("\n".join(block))
         folder.mkdir(parents=True, exist_ok=True)
         figures = {**self.summary, **({"per rank": self.ranks} if self.ranks else {})}
+        if self.faults:
+            figures["faults"] = self.faults
         (folder / "summary.json").write_text(json.dumps(figures, indent=2) + "\n")
 
     def state_dict(self) -> dict[str, Any]:
-        return {"best": self.best, "last": self.last}
+        return {"best": self.best, "last": self.last, "faults": self.faults, "saved_at": time.time()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.best, self.last = state_dict.get("best"), state_dict.get("last")
+        self.faults, self._saved_at = list(state_dict.get("faults") or []), state_dict.get("saved_at")
 
 
 def _fmt(value: Any) -> str:

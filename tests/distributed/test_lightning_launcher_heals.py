@@ -15,6 +15,7 @@ agent starts the ranks in sessions of their own).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -126,6 +127,10 @@ def assert_healed(out: str, root: Path, reference: Path, lines: range = range(1,
     for rank in (0, 1):
         steps = per_step(root, rank)
         assert len(steps) == EPOCHS * BATCHES and steps == per_step(reference, rank), rank
+    # the training summary counts the fault healed and the time it cost (from the resumed save to the next step)
+    (fault,) = json.loads((root / "version_0" / "summary.json").read_text())["faults"]
+    assert fault["restart"] == 1 and fault["launcher"] == "torch's elastic agent" and fault["lost_s"] > 0, fault
+    assert "faults healed            1 (torch's elastic agent), " in out, out[-3000:]
 
 
 def test_a_killed_rank_restarts_the_group_which_ends_as_the_uninterrupted_run(mnist_dir, tmp_path, uninterrupted):

@@ -84,9 +84,9 @@ class TrainingSummary(Callback):
             "precision": trainer.precision,
             "AMP skipped steps": amp.skipped_steps if amp else None,
         }
-        if self.faults:  # what healing cost: the time since the resumed checkpoint was saved, to the next step
+        if self.faults:  # what the restarts (a fault healed, a preemption's requeue) cost
             lost = sum(f["lost_s"] for f in self.faults)
-            self.summary["faults healed"] = f"{len(self.faults)} ({self.faults[-1]['launcher']}), {lost:.1f} s lost"
+            self.summary["restarts"] = f"{len(self.faults)} ({self.faults[-1]['launcher']}), {lost:.1f} s lost"
         stragglers = _find(trainer, Stragglers)
         self.ranks = stragglers.collect(trainer) if stragglers else []  # a collective: every rank gathers
         # Lightning's Rich progress bar draws its last frame when it stops, in its teardown (after on_fit_end): stopped

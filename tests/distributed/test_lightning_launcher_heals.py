@@ -130,7 +130,7 @@ def assert_healed(out: str, root: Path, reference: Path, lines: range = range(1,
     # the training summary counts the fault healed and the time it cost (from the resumed save to the next step)
     (fault,) = json.loads((root / "version_0" / "summary.json").read_text())["faults"]
     assert fault["restart"] == 1 and fault["launcher"] == "torch's elastic agent" and fault["lost_s"] > 0, fault
-    assert "faults healed            1 (torch's elastic agent), " in out, out[-3000:]
+    assert "restarts                 1 (torch's elastic agent), " in out, out[-3000:]
 
 
 def test_a_killed_rank_restarts_the_group_which_ends_as_the_uninterrupted_run(mnist_dir, tmp_path, uninterrupted):

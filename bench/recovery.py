@@ -109,7 +109,8 @@ def started_at(pid: int) -> float | None:
 
 
 def loader_worker(rank_pid: int) -> int:
-    """A DataLoader worker of the rank ``rank_pid`` (a child of its multiprocessing forkserver)."""
+    """The newest DataLoader worker of the rank ``rank_pid`` (a child of its multiprocessing forkserver): one of the
+    running epoch's training workers (the validation's start later, the previous epoch's have ended)."""
 
     def children(pid: int) -> list[int]:
         found = []
@@ -123,7 +124,7 @@ def loader_worker(rank_pid: int) -> int:
         return sorted(found)
 
     servers = [p for p in children(rank_pid) if "forkserver" in Path(f"/proc/{p}/cmdline").read_text()]
-    return [w for s in servers for w in children(s)][0]
+    return max(w for s in servers for w in children(s))
 
 
 def inject(fault: str, root: Path, job: Job) -> tuple[float, int, int]:
@@ -166,6 +167,7 @@ def one(launcher: str, fault: str | None, data_dir: str, workdir: Path) -> dict[
             time.sleep(0.05)
     code = job.wait(timeout=600)
     row["exit"], row["wall_s"] = code, time.time() - start
+    (workdir / f"{launcher}-{fault or 'none'}.log").write_text(job.text())
     if code != 0:
         raise RuntimeError(f"{launcher}/{fault}: exit {code}\n" + job.text()[-4000:])
     last = torch.load(root / "version_0" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)

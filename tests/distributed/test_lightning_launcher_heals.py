@@ -192,3 +192,31 @@ def test_sigterm_to_the_parent_stops_every_rank(mnist_dir, tmp_path):
     assert job.returncode == 128 + signal.SIGTERM, out[-4000:]
     assert "Traceback" not in out, out[-4000:]
     assert last_of(tmp_path)["global_step"] >= 3  # the ranks stopped at a step boundary with a checkpoint
+
+
+def test_a_rank_killed_while_the_job_starts_restarts_the_group(mnist_dir, tmp_path, uninterrupted):
+    """Rank 1 SIGKILLed as soon as the agent started it (before the process group formed, nothing saved yet): the
+    agent restarts the group, which starts from scratch in the same run folder and ends as the uninterrupted run."""
+    job = start(job_args(mnist_dir, tmp_path, "--launch.max_restarts", "2"), tmp_path)
+    try:
+        deadline, rank1 = time.monotonic() + 120, None
+        while rank1 is None and time.monotonic() < deadline and job.poll() is None:
+            for pid in processes_of(tmp_path):
+                try:
+                    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                except OSError:  # gone already
+                    continue
+                if b"LOCAL_RANK=1" in environ and b"TORCHELASTIC_RESTART_COUNT=0" in environ:
+                    rank1 = pid
+            time.sleep(0.02)
+        assert rank1 is not None, job.communicate()[0][-3000:]
+        os.kill(rank1, signal.SIGKILL)
+        out, _ = job.communicate(timeout=300)
+    finally:
+        job.kill()
+    nothing_left(tmp_path)
+    assert job.returncode == 0 and "Traceback" not in out, out[-5000:]
+    assert "restart 1 of at most 2" in out, out[-5000:]  # the restarted group's plan
+    ours, theirs = last_of(tmp_path), last_of(uninterrupted)
+    assert ours["global_step"] == EPOCHS * BATCHES
+    assert all(torch.equal(ours["state_dict"][k], v) for k, v in theirs["state_dict"].items()), "weights differ"

@@ -36,6 +36,7 @@ Workers = int | Literal["auto"]  # --data.num_workers 4, or auto (see auto_worke
 # modules and what unpickling them needs (without them every worker imports torch itself, seconds each)
 FORKSERVER_PRELOAD = [
     "torch", "torchvision", "PIL.Image", "datamodules.imagenet", "datamodules.mnist", "datamodules.shards",
+    "datamodules.forkserver_guard",  # the forkserver dies with the process that started it
 ]  # fmt: skip
 
 

@@ -338,3 +338,19 @@ def test_a_rank_killed_while_the_job_starts_is_named_and_the_job_exits_1(mnist_d
     said = assert_documented(out, "lost-rank")
     assert said.startswith(f"error: lost rank 1 of 2 (rank 1 pid {rank1} exit -9 while the job was starting"), said
     nothing_left(job.pid)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_killed_rank_leaves_no_loader_process_behind(mnist_dir, tmp_path):
+    """A rank SIGKILLed (the OOM killer's way) while its DataLoader workers run: its forkserver and their workers, each
+    holding a copy of the loader's imports (about 0.5 GB here), end with it instead of living on as orphans."""
+    root = tmp_path / "run"
+    ddp = ["--trainer.strategy", "ddp", "--trainer.devices", "2", "--launch.timeout", str(LAUNCH_TIMEOUT)]
+    job = start(root, mnist_dir, *ddp, "--data.num_workers", "1")
+    _, (rank1_pid, _, _) = wait_for_step(job, root, ranks=2, step=3)
+    assert loader_workers(rank1_pid), "rank 1 has no loader workers to leave behind"
+    os.kill(rank1_pid, signal.SIGKILL)
+    code, out, _ = finish(job, timeout=LAUNCH_TIMEOUT)
+    assert code == 1 and "error: lost rank 1 of 2" in out, out[-4000:]
+    nothing_left(job.pid)  # the job's session: rank 0, and what rank 1 started

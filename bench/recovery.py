@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from bench.common import RESULTS, ROOT, machine, machine_line, save
-from tools.resume_probe import heartbeats
+from tools.resume_probe import heartbeats, loader_workers
 
 FAULT_STEP = 25  # of 40 (2 epochs of 20): mid-epoch 2, after the step-20 checkpoint
 HANG_TIMEOUT = 15
@@ -108,25 +108,6 @@ def started_at(pid: int) -> float | None:
     return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
-def loader_worker(rank_pid: int) -> int:
-    """The newest DataLoader worker of the rank ``rank_pid`` (a child of its multiprocessing forkserver): one of the
-    running epoch's training workers (the validation's start later, the previous epoch's have ended)."""
-
-    def children(pid: int) -> list[int]:
-        found = []
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                found.append(int(stat.parent.name))
-        return sorted(found)
-
-    servers = [p for p in children(rank_pid) if "forkserver" in Path(f"/proc/{p}/cmdline").read_text()]
-    return max(w for s in servers for w in children(s))
-
-
 def inject(fault: str, root: Path, job: Job) -> tuple[float, int, int]:
     """Waits for rank 1 to finish step :data:`FAULT_STEP`, then does ``fault``; returns (when, step, rank 1 pid)."""
     deadline = time.monotonic() + 300
@@ -134,7 +115,7 @@ def inject(fault: str, root: Path, job: Job) -> tuple[float, int, int]:
         beats = heartbeats(root, 2)
         if beats and beats[1][1] >= FAULT_STEP:
             pid, step = beats[1][0], beats[1][1]
-            target = loader_worker(pid) if fault == "worker" else pid
+            target = loader_workers(pid)[-1] if fault == "worker" else pid  # the running epoch's worker
             os.kill(target, signal.SIGSTOP if fault == "hang" else signal.SIGKILL)
             return time.time(), step, pid
         time.sleep(0.005)

@@ -64,13 +64,11 @@ class KillLoaderWorkerAt(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_rank == self.rank and trainer.global_step == self.step - 1 and in_attempt(self.attempt):
-            servers = [p for p in children(os.getpid()) if b"forkserver" in Path(f"/proc/{p}/cmdline").read_bytes()]
-            workers = [w for server in servers for w in children(server)]
-            os.kill(max(workers), signal.SIGKILL)
+            os.kill(loader_workers(os.getpid())[-1], signal.SIGKILL)
 
 
 def children(pid: int) -> list[int]:
-    """The live child processes of ``pid``, from ``/proc``."""
+    """The live child processes of ``pid``, from Linux's ``/proc``, oldest first."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -80,6 +78,14 @@ def children(pid: int) -> list[int]:
         if int(fields[1]) == pid and fields[0] != "Z":
             found.append(int(stat.parent.name))
     return sorted(found)
+
+
+def loader_workers(rank_pid: int) -> list[int]:
+    """A rank's DataLoader workers, oldest first: the children of its multiprocessing forkserver (the app's start
+    method for them in a multi-process job, ``datamodules.base.worker_context``). The newest is one of the running
+    epoch's training workers (the validation's start later, the previous epoch's have ended)."""
+    servers = [p for p in children(rank_pid) if b"forkserver" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    return sorted(w for server in servers for w in children(server))
 
 
 def in_attempt(attempt: int | None) -> bool:

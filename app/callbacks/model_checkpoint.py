@@ -59,9 +59,7 @@ class ModelCheckpoint(callbacks.ModelCheckpoint):
         optimizer step's end (never inside an accumulation: the flag stays up until one), not saved already."""
         if not self._watching or not agree.any_rank(trainer, INTERVAL):
             return False
-        if trainer.fit_loop.epoch_loop._should_accumulate() or self._last_global_step_saved == trainer.global_step:
-            return False
-        return not self._should_skip_saving_checkpoint(trainer)
+        return not trainer.fit_loop.epoch_loop._should_accumulate() and not self._should_skip_saving_checkpoint(trainer)
 
     @override
     def on_train_start(self, trainer, pl_module) -> None:
@@ -81,7 +79,10 @@ class ModelCheckpoint(callbacks.ModelCheckpoint):
     @override
     def on_train_end(self, trainer, pl_module) -> None:
         self._stop_watching(trainer, finished=True)
-        self._end_of_fit(trainer, pl_module)
+        if self.save_last and not self._should_skip_saving_checkpoint(trainer):  # this step not saved yet
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        else:
+            super().on_train_end(trainer, pl_module)
 
     @override
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
@@ -130,19 +131,10 @@ class ModelCheckpoint(callbacks.ModelCheckpoint):
         parent's clock moved) that has not been saved."""
         by_steps = self._every_n_train_steps >= 1 and trainer.global_step % self._every_n_train_steps == 0
         by_time = self._last_time_checked != checked
-        saved = self._last_global_step_saved == trainer.global_step
-        return (
-            self.save_last and (by_steps or by_time) and not saved and not self._should_skip_saving_checkpoint(trainer)
-        )
+        return self.save_last and (by_steps or by_time) and not self._should_skip_saving_checkpoint(trainer)
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if state_dict.get("dirpath"):
             state_dict = {**state_dict, "dirpath": os.path.realpath(os.path.expanduser(state_dict["dirpath"]))}
         super().load_state_dict(state_dict)
-
-    def _end_of_fit(self, trainer, pl_module) -> None:
-        if self.save_last and not self._should_skip_saving_checkpoint(trainer):  # this step not saved yet
-            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
-        else:
-            super().on_train_end(trainer, pl_module)

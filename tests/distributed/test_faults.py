@@ -31,6 +31,7 @@ from lightning.pytorch import Callback
 from app.callbacks.sigterm import EXIT_CODE
 from tests.conftest import ROOT, short_fit
 from tests.troubleshooting import assert_documented
+from tools.resume_probe import children, loader_workers
 
 pytestmark = pytest.mark.xdist_group("timing")  # its pass depends on wall-clock limits: never beside another such test
 
@@ -255,26 +256,6 @@ def test_sigterm_to_one_rank_stops_all_then_a_killed_launcher_rank0_is_named(mni
     assert_documented(out, "lost-rank")
     assert seconds < WELL_INSIDE, f"rank 1 took {seconds:.1f} s to exit; --launch.timeout is {LAUNCH_TIMEOUT} s"
     nothing_left(job.pid)
-
-
-def children(pid: int) -> list[int]:
-    """The live child processes of ``pid``, from /proc, oldest first."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found.append(int(stat.parent.name))
-    return sorted(found)
-
-
-def loader_workers(rank_pid: int) -> list[int]:
-    """A rank's DataLoader workers: the children of its multiprocessing forkserver (the app's start method for
-    workers), oldest first."""
-    servers = [p for p in children(rank_pid) if "forkserver" in Path(f"/proc/{p}/cmdline").read_text()]
-    return [worker for server in servers for worker in children(server)]
 
 
 @pytest.mark.slow

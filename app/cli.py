@@ -400,7 +400,7 @@ def user_errors_explained() -> Iterator[None]:
     except UserError as err:  # the datamodules' and the zoo's errors are UserErrors too
         say(with_link(f"error: {one_line(err)}", err.help))
         raise SystemExit(err.exit_code) from None
-    except RuntimeError as err:  # a fault inside this rank that torch reports with a traceback
+    except (RuntimeError, EOFError) as err:  # a fault inside this rank that torch reports with a traceback
         if (line := loader_worker_died(err)) is None:
             raise
         say(line)

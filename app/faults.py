@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import signal
+import time
 from types import TracebackType
 
 from lightning.fabric.utilities.rank_zero import rank_zero_only
@@ -24,19 +25,24 @@ _DIED = re.compile(
 
 
 def loader_worker_died(err: BaseException) -> str | None:
-    """The one line for ``err`` when it is torch's report of a DataLoader worker that died, else None."""
-    found = _DIED.search(str(err))
-    if not isinstance(err, RuntimeError) or found is None:
+    """The one line for ``err`` when it is torch's report of a DataLoader worker that died, else None.
+
+    With one worker, its death can also reach the loader as an ``EOFError`` of the result queue (the dead worker held
+    the queue's only writing end) before torch's own check: then the worker is found by its exit code."""
+    found = _DIED.search(str(err)) if isinstance(err, RuntimeError) else None
+    if found is None and not isinstance(err, EOFError):
         return None
-    pids = [int(p) for p in re.findall(r"\d+", found.group(1))]
-    codes = _exit_codes(err.__traceback__)
+    codes = _exit_codes(err.__traceback__, wait_s=0 if found else 2.0)
+    pids = [int(p) for p in re.findall(r"\d+", found.group(1))] if found else [p for p, c in codes.items() if c]
+    if not pids:
+        return None
     code = next((codes[p] for p in pids if codes.get(p) is not None), None)
     if code is not None and code < 0:
         how = f"was killed by {signal.Signals(-code).name}"
     elif code is not None:
         how = f"exited with status {code}"
     else:
-        how = f"was killed by signal {found.group(2)}" if found.group(2) else "exited"
+        how = f"was killed by signal {found.group(2)}" if found and found.group(2) else "exited"
     if "SIGKILL" in how or "Killed" in how:
         cause = (
             "most often the kernel's out-of-memory killer: `dmesg | grep -i kill` on that node (SLURM: `sacct -j "
@@ -57,18 +63,18 @@ def loader_worker_died(err: BaseException) -> str | None:
     )
 
 
-def _exit_codes(tb: TracebackType | None) -> dict[int, int | None]:
+def _exit_codes(tb: TracebackType | None, wait_s: float = 0.0) -> dict[int, int | None]:
     """The exit codes of the DataLoader's workers, read from the loader iterator in ``tb``'s frames.
 
     torch's message names the pid but not how the worker ended; its iterator (``self`` of the frame that raised)
     still holds the ``multiprocessing.Process`` of each worker, which has reaped it and knows. By hand: torch offers
-    no other way to reach them.
+    no other way to reach them. ``wait_s``: how long to wait for a dead worker's exit code to be known.
     """
-    codes: dict[int, int | None] = {}
+    workers = []
     while tb is not None:
-        workers = getattr(tb.tb_frame.f_locals.get("self"), "_workers", None)
-        for worker in workers or []:
-            if getattr(worker, "pid", None) is not None:
-                codes[worker.pid] = worker.exitcode
+        workers += [w for w in getattr(tb.tb_frame.f_locals.get("self"), "_workers", None) or [] if w.pid is not None]
         tb = tb.tb_next
-    return codes
+    deadline = time.monotonic() + wait_s
+    while workers and all(w.exitcode is None for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return {w.pid: w.exitcode for w in workers}

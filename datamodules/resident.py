@@ -49,7 +49,11 @@ class ResidentTensors(Dataset):
         return tuple(t[index] for t in self.tensors)
 
     def __getitems__(self, indices: Sequence[int]) -> list[torch.Tensor]:
-        index = torch.as_tensor(indices, device=self.tensors[0].device)
+        device = self.tensors[0].device
+        if device.type != "cuda":
+            index = torch.as_tensor(indices, device=device)
+        else:  # a copy from pageable host memory would block the host until the device's queue drains
+            index = torch.tensor(indices, dtype=torch.long, pin_memory=True).to(device, non_blocking=True)
         return [t.index_select(0, index) for t in self.tensors]
 
     def to(self, device: torch.device) -> ResidentTensors:

@@ -178,7 +178,9 @@ class ImageClassifier(LightningModule):
             return
         self._reset_train_sums()
         if self.trainer.global_rank == 0:
-            sums = saved["sums"]
+            # the checkpoint is loaded onto this rank's device (app.checkpoint) while the model and its sums are
+            # still on the host (Lightning restores before it moves the model): the sums join them there
+            sums = saved["sums"].to(self._train_loss.device)
             self._train_loss += sums[0].to(self._train_loss.dtype)
             self._train_hits += sums[1:-1].round().to(self._train_hits.dtype)
             self._train_images = int(sums[-1].item())

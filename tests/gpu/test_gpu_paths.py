@@ -1,6 +1,7 @@
-"""The GPU code paths' defects that only a GPU can show (issue 13; the CPU half is tests/unit/test_gpu_paths.py).
+"""The GPU code paths' defects that only a GPU can show (the CPU half is tests/unit/test_gpu_paths.py).
 
-Not yet run on a GPU: no device was available when these were written (see README, GPU section).
+Run on one H200 by ``make gpu-check CALL=A`` (its ``tests/gpu`` step; bench/results/gpu_check_A.md): the tests
+that need two CUDA devices are skipped there.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from app.strategies import DDPModelParallelStrategy
 from datamodules import ImageNetDataModule, MNISTDataModule
 from datamodules.imagenet import normalize
 from modules import ImageClassifier
-from tests.conftest import run_if
+from tests.conftest import run_cli, run_if, short_fit
 
 
 def _trainer(tmp_path, **kwargs) -> Trainer:
@@ -167,3 +168,17 @@ def test_dp_replica_step_makes_no_blocking_copy():
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert out["batch_size"].device == batch[1].device and out["batch_size"].tolist() == [8.0]
+
+
+@run_if(cuda=1)
+def test_a_fit_resumes_from_last_ckpt_on_cuda(mnist_dir, tmp_path):
+    """A fit stopped by SIGTERM mid-epoch resumes with ``--ckpt_path last`` on a GPU: the checkpoint is loaded onto
+    the device while the model is still on the host, and the epoch's training sums it carries must join the model's
+    (they stopped the resume with a device mismatch)."""
+    args = [*short_fit(tmp_path, mnist_dir, train_batches=6, val_batches=2), "--trainer.accelerator", "cuda",
+            "--trainer.devices", "1"]  # fmt: skip
+    stopped = run_cli("fit", *args, "--trainer.callbacks+=tools.resume_probe.SignalAt", "--trainer.callbacks.step", "3")
+    assert list(tmp_path.rglob("last.ckpt")), stopped.stderr[-3000:]
+    resumed = run_cli("fit", *args, "--ckpt_path", "last")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resume from" in resumed.stdout + resumed.stderr

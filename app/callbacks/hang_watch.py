@@ -18,10 +18,13 @@ Rank 0's thread reads them all. When no counter of any rank has moved for ``time
   (``os._exit`` from the thread: the main thread may never return), and a rank that does not answer is SIGKILLed by
   an answering rank of its host (a stopped process cannot act on anything else).
 
-What is not progress, and so never fires the watch: the time before a rank's first training step ends (set-up, the
-sanity check, the first compile, the first batch's loader workers) and a checkpoint save (``Trainer.save_checkpoint``
-on any rank, however long its write: rank 0 writes while the others wait at the barrier after it). A long validation
-moves the counter at each of its steps.
+The job's start has its own, longer allowance (``--launch.startup_timeout``): from the training set-up (the
+callbacks' ``setup``, after the DataModule's) through the sanity check to the end of the first training step (the
+first compile, the loader workers' start), each rank publishes which of these it is in, and the message names it. A
+rank still in the DataModule's ``setup`` (or an earlier callback's) has not started its thread: when the others have
+and it stays missing for the allowance, it is named as stuck there. What is not progress, and so never fires the
+watch: a checkpoint save (``Trainer.save_checkpoint`` on any rank, however long its write: rank 0 writes while the
+others wait at the barrier after it). A long validation moves the counter at each of its steps.
 """
 
 from __future__ import annotations
@@ -49,6 +52,13 @@ from core.errors import with_link
 ROOT = Path(__file__).resolve().parents[2]
 FRAMES = 4  # innermost frames of the main thread shown per rank
 PREFIX = "app/hang_watch"
+STARTUP_FLOOR_S = 300.0  # the start-up allowance is at least this (a compile, a large index), unless given
+PHASES = {  # what a rank publishes while the job starts, and how the message says it
+    "set-up": "in the training set-up (the sanity check not begun)",
+    "sanity": "in the sanity check (validation before training)",
+    "first": "starting training: before the end of its first step (the loop's start, loader workers, a first compile)",
+    "training": "",
+}
 
 
 def where(frame: Any, depth: int = FRAMES) -> list[str]:
@@ -83,17 +93,20 @@ class HangWatch(Callback):
             declared stuck (``--launch.hang_timeout``); 0 turns the watch off.
     """
 
-    def __init__(self, timeout: float = 600.0) -> None:
+    def __init__(self, timeout: float = 600.0, startup_timeout: float | None = None) -> None:
         self.timeout = timeout
+        self.startup_timeout = startup_timeout or startup_allowance(timeout, None, None)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._state: dict[str, Any] = {}
 
     # ----- the main thread: progress, pauses, the thread's life
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self._thread is not None:  # started already, by the first callback (:class:`StartEarly`)
+            return
         if stage != "fit" or not self.timeout or trainer.world_size < 2 or not dist.is_initialized():
             return
-        self._state = {"counter": 0, "step": 0, "in_step": 0, "paused": 1, "armed": False}
+        self._state = {"counter": 0, "step": 0, "in_step": 0, "paused": 0, "phase": "set-up"}
         self._state["folder"] = trainer.default_root_dir
         save = trainer.save_checkpoint
 
@@ -110,8 +123,17 @@ class HangWatch(Callback):
         self._thread = _Watchdog(self, trainer.global_rank, trainer.world_size, self._state)
         self._thread.start()
 
+    def on_sanity_check_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._state:
+            self._state["phase"] = "sanity"
+
+    def on_sanity_check_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._state:
+            self._state["phase"] = "first"
+
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._state:
+            self._state["phase"] = "first"
             self._state["folder"] = str(trainer.log_dir if trainer.logger else trainer.default_root_dir)
             ckpt = trainer.checkpoint_callback
             self._state["checkpoints"] = getattr(ckpt, "dirpath", None)
@@ -129,9 +151,7 @@ class HangWatch(Callback):
         if self._state:
             self._state["counter"] += 1
             self._state["step"], self._state["in_step"] = trainer.global_step, 0
-            if not self._state["armed"]:  # the first step (compile, workers) is behind us: watched from now on
-                self._state["armed"] = True
-                self._state["paused"] -= 1
+            self._state["phase"] = "training"  # the start is behind us: the hang timeout from now on
 
     def on_validation_batch_start(self, trainer: Trainer, *args: Any) -> None:
         self._move()
@@ -158,13 +178,25 @@ class HangWatch(Callback):
         vars(trainer).pop("save_checkpoint", None)
 
     def __deepcopy__(self, memo: dict) -> HangWatch:  # the thread and its event are this run's, never copied
-        return HangWatch(self.timeout)
+        return HangWatch(self.timeout, self.startup_timeout)
 
     def __getstate__(self) -> dict:
-        return {"timeout": self.timeout}
+        return {"timeout": self.timeout, "startup_timeout": self.startup_timeout}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["timeout"])
+        self.__init__(state["timeout"], state.get("startup_timeout"))
+
+
+class StartEarly(Callback):
+    """Starts a :class:`HangWatch` in the first callback ``setup`` of the run, before any other callback's (some make
+    collectives there, such as a process group of their own), so that a rank still in its DataModule's ``setup``
+    finds the others watching; the watch itself stays after the callbacks whose steps it counts."""
+
+    def __init__(self, watch: HangWatch) -> None:
+        self.watch = watch
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self.watch.setup(trainer, pl_module, stage)
 
 
 class _Watchdog(threading.Thread):
@@ -173,7 +205,7 @@ class _Watchdog(threading.Thread):
     def __init__(self, watch: HangWatch, rank: int, world: int, state: dict[str, Any]) -> None:
         super().__init__(name="hang-watch", daemon=True)
         self.watch, self.rank, self.world, self.state = watch, rank, world, state
-        self.timeout = watch.timeout
+        self.timeout, self.startup = watch.timeout, watch.startup_timeout
         self.interval = min(max(self.timeout / 10, 0.2), 2.0)
         self.silent_after = max(3 * self.interval, 3.0)  # a rank whose beats stopped this long does not answer
         self.host, self.pid = socket.gethostname(), os.getpid()
@@ -194,6 +226,7 @@ class _Watchdog(threading.Thread):
         except Exception:  # no store to reach (an unusual rendezvous): the job runs unwatched
             return
         seen, last_move, answered = {}, time.monotonic(), False
+        self.started = last_move
         store_lost_since: float | None = None
         while not self.watch._stop.wait(self.interval):
             try:
@@ -219,7 +252,7 @@ class _Watchdog(threading.Thread):
         self.beat += 1
         s = self.state
         paused = int(s["paused"] > 0)
-        fields = f"{self.beat} {s['counter']} {s['step']} {paused} {self.pid} {self.host} {s['in_step']}"
+        fields = f"{self.beat} {s['counter']} {s['step']} {paused} {self.pid} {self.host} {s['in_step']} {s['phase']}"
         self.store.set(f"beat/{self.rank}", fields)
 
     # ----- rank 0: is the job stuck?
@@ -241,9 +274,14 @@ class _Watchdog(threading.Thread):
             seen[r] = (beat, now if before is None or before[0] != beat else before[1], fields, progress)
             # a pause counts while the rank answers: a rank stopped in (or just after) a save is not paused forever
             paused |= fields[3] == "1" and now - seen[r][1] <= self.silent_after
-        if paused or len(beats) < self.world:
+        if paused:
             return now
-        if now - last_move > self.timeout:
+        if len(beats) < self.world:  # a rank that has not started its watch: still in the DataModule's setup?
+            if now - self.started > self.startup:
+                self._diagnose(seen, now - self.started)
+            return now
+        starting = any(fields[7] != "training" for fields in beats.values())
+        if now - last_move > (self.startup if starting else self.timeout):
             self._diagnose(seen, now - last_move)
         return last_move
 
@@ -253,6 +291,7 @@ class _Watchdog(threading.Thread):
         self._answer(str(folder))
         now = time.monotonic()
         silent = {r for r, (_, at, _, _) in seen.items() if now - at > self.silent_after}
+        silent |= {r for r in range(self.world) if r not in seen}  # never started its watch
         deadline = now + self.silent_after
         answers: dict[int, str] = {}
         while time.monotonic() < deadline:
@@ -276,9 +315,15 @@ class _Watchdog(threading.Thread):
             behind = sorted(silent)
         elif len({counters[r] for r in answering}) > 1:  # the others started a step it has not reached
             behind = sorted(r for r in answering if counters[r] == low)
-        else:
-            behind = []
+        else:  # the same count: the ranks waiting in a collective wait for those that are not in one
+            waiting = {r for r in answering if "torch/distributed/" in answers[r]}
+            behind = sorted(set(answering) - waiting) if 0 < len(waiting) < len(answering) else []
         names = ", ".join(map(str, behind))
+        starting = len(seen) < self.world or any(fields[7] != "training" for _, _, fields, _ in seen.values())
+        allowance = (
+            f"--launch.startup_timeout {self.startup:g}: the job is starting" if starting
+            else f"--launch.hang_timeout {self.timeout:g}"
+        )  # fmt: skip
         if behind:
             head = f"rank {names} of {self.world} {'is' if len(behind) == 1 else 'are'} stuck"
         else:
@@ -286,15 +331,23 @@ class _Watchdog(threading.Thread):
         lines = [
             with_link(
                 f"error: hang watch: {head}: no rank started or finished a training or validation step for "
-                f"{stalled:.0f} s (--launch.hang_timeout {self.timeout:g}).",
+                f"{stalled:.0f} s ({allowance}).",
                 "hang-watch",
             )
         ]
-        for r in sorted(seen):
+        for r in range(self.world):
+            mark = "  <- behind" if r in behind else ""
+            if r not in seen:
+                lines.append(
+                    f"  rank {r}: never started its hang watch: still in the DataModule's setup (or a callback's setup "
+                    f"before it) when the others had finished theirs{mark}"
+                )
+                continue
             _, _, fields, _ = seen[r]
             step, pid, host, inside = int(fields[2]), fields[4], fields[5], fields[6] == "1"
-            mark = "  <- behind" if r in behind else ""
             last = f"last finished step {step}" + (f", in step {step + 1}" if inside else "")
+            if fields[7] != "training":
+                last = PHASES[fields[7]]
             if r in silent:
                 lines.append(
                     f"  rank {r} (host {host}, pid {pid}): does not answer (stopped, swapping, or its node is gone); "
@@ -322,7 +375,11 @@ class _Watchdog(threading.Thread):
                 else "Resume: the same command plus `--ckpt_path last`"
             )
             + (f" (the last checkpoint in {ckpts} is intact)" if ckpts else "")
-            + ". If a step legitimately takes longer, raise `--launch.hang_timeout SECONDS` (0 turns the watch off)."
+            + (
+                ". If the start legitimately takes longer, raise `--launch.startup_timeout SECONDS`."
+                if starting
+                else ". If a step legitimately takes longer, raise `--launch.hang_timeout SECONDS` (0: the watch off)."
+            )
         )
         return "\n".join(lines)
 
@@ -352,6 +409,8 @@ class _Watchdog(threading.Thread):
         try:
             silent = [int(r) for r in self.store.get("stop").decode().split()]
             for r in silent:
+                if not self.store.check([f"beat/{r}"]):  # never started its watch: its launcher ends it
+                    continue
                 fields = self.store.get(f"beat/{r}").decode().split()
                 if fields[5] == self.host:
                     os.kill(int(fields[4]), signal.SIGKILL)
@@ -409,15 +468,24 @@ def effective_timeout(hang_timeout: float, launch_timeout: float | None) -> floa
     return hang_timeout
 
 
-def install(trainer: Trainer, seconds: float) -> None:
-    """Gives ``trainer`` a :class:`HangWatch` of ``seconds`` (the config's, if it lists one, else a new one): on by
-    default, whatever callbacks a config lists. It does nothing in a single-process run."""
+def startup_allowance(hang_timeout: float, given: float | None, launch_timeout: float | None) -> float:
+    """The hang watch's allowance while the job starts: ``--launch.startup_timeout``, else twice the hang timeout and
+    at least :data:`STARTUP_FLOOR_S`; inside ``--launch.timeout`` as the hang timeout is (:func:`effective_timeout`)."""
+    return effective_timeout(given or max(2 * hang_timeout, STARTUP_FLOOR_S), launch_timeout)
+
+
+def install(trainer: Trainer, seconds: float, startup_seconds: float | None = None) -> None:
+    """Gives ``trainer`` a :class:`HangWatch` of ``seconds`` (the config's, if it lists one, else a new one), and
+    ``startup_seconds`` while the job starts: on by default, whatever callbacks a config lists. It does nothing in a
+    single-process run."""
     found = [cb for cb in trainer.callbacks if isinstance(cb, HangWatch)]
     if not found:
-        found = [HangWatch(seconds)]
+        found = [HangWatch(seconds, startup_seconds)]
         trainer.callbacks.append(found[0])
     for watch in found:
         watch.timeout = seconds
+        watch.startup_timeout = startup_seconds or startup_allowance(seconds, None, None)
+        trainer.callbacks.insert(0, StartEarly(watch))
 
 
 def apply_flight_recorder(strategy: Any, folder: Path, environ: dict[str, str] | Any = os.environ) -> dict[str, str]:

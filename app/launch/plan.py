@@ -54,6 +54,7 @@ class Plan:
     resume: str | None
     timeout: float | None
     hang_timeout: float | None = None  # the hang watch's (``app.callbacks.hang_watch``); 0: off
+    startup_timeout: float | None = None  # its allowance while the job starts (set-up, sanity check, first step)
     accumulate: int = 1
     lr_reference_batch_size: int | None = None
     layout: Layout | None = None  # default: the registered strategy's layout on ``devices``
@@ -195,5 +196,10 @@ class Plan:
                 else "off (--launch.hang_timeout 0)"
             )
             lines.append(f"hang watch   {watch}")
+            if self.hang_timeout and self.startup_timeout:
+                lines.append(
+                    f"             while the job starts (set-up, sanity check, first step): {self.startup_timeout:g} s "
+                    "(--launch.startup_timeout)"
+                )
         lines += [f"note: {note}" for note in self.notes]
         return "preflight plan\n" + "\n".join(f"  {line}" for line in lines)

@@ -36,6 +36,7 @@ def build(
     hang_timeout: float | None = None,
     resume: Resume | None = None,
     max_restarts: int = 0,
+    startup_timeout: float | None = None,
 ) -> Plan:
     """The plan for a parsed subcommand config (LightningCLI's ``config[subcommand]``); ``resume``: what the run
     resumes from (:func:`app.resume.decide`'s decision, made here for a fit when not given); ``max_restarts``:
@@ -64,6 +65,7 @@ def build(
         resume=resume.describe() if resume.path is not None or resume.source != "none" else None,
         timeout=timeout,
         hang_timeout=hang_timeout,
+        startup_timeout=startup_timeout,
         accumulate=int(trainer.get("accumulate_grad_batches") or 1),
         layout=layout_of(strategy, devices, nodes),
         sync_batchnorm=bool(trainer.get("sync_batchnorm")),
@@ -103,9 +105,13 @@ def preflight(
     hang_timeout: float | None = None,
     resume: Resume | None = None,
     max_restarts: int = 0,
+    startup_timeout: float | None = None,
 ) -> Plan:
     """Builds and checks the plan; rank 0 prints it. Every rank exits with the fix when the plan has problems."""
-    plan = build(config, timeout=timeout, hang_timeout=hang_timeout, resume=resume, max_restarts=max_restarts)
+    plan = build(
+        config, timeout=timeout, hang_timeout=hang_timeout, resume=resume, max_restarts=max_restarts,
+        startup_timeout=startup_timeout,
+    )  # fmt: skip
     if plan.num_nodes != int(config.trainer.get("num_nodes") or 1):  # elastic torchrun: the Trainer's too
         plan.notes.append(
             f"trainer.num_nodes={config.trainer.get('num_nodes')} replaced by the {plan.num_nodes} node(s) torchrun "

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch import Callback
 
+from datamodules import MNISTDataModule
 from tests.conftest import ROOT
 from tests.distributed.test_faults import args, nothing_left, start, wait_for_step
 from tests.troubleshooting import assert_documented
@@ -69,6 +70,15 @@ class SlowSaveAndValidation(Callback):
     def on_validation_batch_end(self, trainer, *args) -> None:
         if trainer.global_rank == 1 and not trainer.sanity_checking and trainer.current_epoch == 0:
             time.sleep((HANG + 3) / 3)  # x 3 batches
+
+
+class SlowSetupMNIST(MNISTDataModule):
+    """Rank 1's DataModule ``setup`` does not return (as on a file system that stopped answering)."""
+
+    def setup(self, stage: str | None = None) -> None:
+        super().setup(stage)
+        if self.trainer is not None and self.trainer.global_rank == 1:
+            time.sleep(3600)
 
 
 def ddp(*extra: str, hang: float = HANG) -> list[str]:
@@ -165,3 +175,43 @@ def test_torchrun_rank_in_a_lone_collective_is_named(mnist_dir, tmp_path):
     stalled = stall_time(root)
     text = check_ended(job, root, out, code, seen - stalled, gone - stalled, "torchrun: rank 1 in a lone collective")
     assert "all_reduce" in text and "on_train_batch_end" in text, text
+
+
+def starting(out: str, allowance: float) -> list[str]:
+    """The diagnosis of a rank stuck while the job starts: the start-up allowance in its first line."""
+    assert_documented(out, "hang-watch")
+    lines = out.splitlines()
+    head = f"(--launch.startup_timeout {allowance:g}: the job is starting)."
+    first = [i for i, line in enumerate(lines) if line.startswith("error: hang watch: rank 1 of 2 is stuck")]
+    assert len(first) == 1 and head in lines[first[0]], out[-6000:]
+    end = next(i for i in range(first[0], len(lines)) if lines[i].startswith("Every rank now exits"))
+    return lines[first[0] : end + 1]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("hook", ["setup", "on_train_start"])
+def test_a_rank_stuck_while_the_job_starts_is_named_with_where(mnist_dir, tmp_path, hook):
+    """Rank 1 asleep in its DataModule's ``setup`` (before its hang watch starts) or in ``on_train_start`` (after the
+    sanity check): named within ``--launch.startup_timeout``, with where it is, and the job ends. Before, neither was
+    watched: the job waited for the 30-minute collective timeout."""
+    root, allowance = tmp_path / "run", 6
+    probe = ["--trainer.callbacks+=tools.resume_probe.HangIn", "--trainer.callbacks.hook", hook]
+    if hook == "setup":
+        probe = ["--data.class_path", f"{HERE}.SlowSetupMNIST"]
+    job = start(root, mnist_dir, *ddp(*probe, "--launch.startup_timeout", str(allowance)))
+    began = time.time()
+    code, out, gone, seen = run_until_done(job)
+    said = starting(out, allowance)
+    text = "\n".join(said)
+    print(f"\nrank 1 asleep in {hook}: diagnosis {seen - began:.1f} s after the job began\n{text}")
+    assert code != 0 and seen is not None, out[-4000:]
+    rank1 = next(line for line in said if line.startswith("  rank 1"))
+    assert rank1.endswith("<- behind"), text
+    if hook == "setup":
+        assert rank1.startswith("  rank 1: never started its hang watch: still in the DataModule's setup"), text
+    else:
+        assert "starting training: before the end of its first step" in rank1, text
+        assert "tools/resume_probe.py:" in text and "_maybe" in text, text
+    assert "--launch.startup_timeout SECONDS" in text, text
+    nothing_left(job.pid)

@@ -30,7 +30,7 @@ import app.strategies  # noqa: F401  (registers the strategy names before the pa
 from app import resume
 from app.callbacks import DEFAULTS, ModelCheckpoint, StopAtAccuracy
 from app.callbacks.debug_checks import DEBUG_HANG_TIMEOUT, DebugChecks, apply_debug, capture_rank_logs
-from app.callbacks.hang_watch import apply_flight_recorder, effective_timeout
+from app.callbacks.hang_watch import apply_flight_recorder, effective_timeout, startup_allowance
 from app.callbacks.hang_watch import install as install_hang_watch
 from app.callbacks.lost_rank import watch_the_start_up
 from app.checkpoint import (
@@ -128,7 +128,17 @@ class CLI(LightningCLI):
             default=600.0,
             help="Seconds without a finished training or validation step on any rank before a multi-process job is "
             "declared stuck: rank 0 names the rank behind and where it is, and every rank exits with status 1. 0 "
-            "turns the watch off. Set-up, the sanity check, the first step and checkpoint saves are not counted.",
+            "turns the watch off. Checkpoint saves are not counted; the job's start has its own allowance "
+            "(--launch.startup_timeout).",
+        )
+        parser.add_argument(
+            "--launch.startup_timeout",
+            type=float | None,
+            default=None,
+            help="The hang watch's allowance while a multi-process fit starts: from the training set-up (after the "
+            "data's) through the sanity check to the end of the first training step, which may compile, start loader "
+            "workers or read a large index. A rank without progress for this long is named with where it is. Default: "
+            "twice --launch.hang_timeout, at least 300 s, inside --launch.timeout.",
         )
         parser.add_argument(
             "--launch.max_restarts",
@@ -216,11 +226,13 @@ class CLI(LightningCLI):
         hang = config.launch.hang_timeout
         if config.launch.debug:
             hang = min(hang, DEBUG_HANG_TIMEOUT) if hang else DEBUG_HANG_TIMEOUT
+        startup = startup_allowance(hang, config.launch.startup_timeout, config.launch.timeout)
         hang = effective_timeout(hang, config.launch.timeout)
         restarts = config.launch.max_restarts if self.subcommand == "fit" else 0
         self.plan = preflight(
-            config, timeout=config.launch.timeout, hang_timeout=hang, resume=self.decision, max_restarts=restarts
-        )
+            config, timeout=config.launch.timeout, hang_timeout=hang, resume=self.decision, max_restarts=restarts,
+            startup_timeout=startup,
+        )  # fmt: skip
         if port := hold_port(self.plan):  # the ranks Lightning starts meet there; no other job can take it
             rank_zero_info(f"rendezvous: port {port} of this host, held for this run until it ends")
         run_by_agent(self.plan)  # --launch.max_restarts: torch's elastic agent runs the ranks; this process ends there
@@ -229,7 +241,8 @@ class CLI(LightningCLI):
         super().instantiate_classes()
         config = self._subcommand_config()
         apply_timeout(self.trainer.strategy, config.launch.timeout)
-        install_hang_watch(self.trainer, (self.plan.hang_timeout if self.plan else None) or 0)
+        hang, startup = (self.plan.hang_timeout, self.plan.startup_timeout) if self.plan else (None, None)
+        install_hang_watch(self.trainer, hang or 0, startup)
         apply_flight_recorder(self.trainer.strategy, Path(self.trainer.default_root_dir) / "nccl_trace")
         if config.launch.debug:
             folder = Path(self.trainer.default_root_dir) / "debug"
@@ -400,7 +413,7 @@ def user_errors_explained() -> Iterator[None]:
     except UserError as err:  # the datamodules' and the zoo's errors are UserErrors too
         say(with_link(f"error: {one_line(err)}", err.help))
         raise SystemExit(err.exit_code) from None
-    except (RuntimeError, EOFError) as err:  # a fault inside this rank that torch reports with a traceback
+    except (RuntimeError, EOFError, ConnectionError) as err:  # a fault inside this rank, reported with a traceback
         if (line := loader_worker_died(err)) is None:
             raise
         say(line)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import signal
+import socket
 import time
 from types import TracebackType
 
@@ -27,10 +28,13 @@ _DIED = re.compile(
 def loader_worker_died(err: BaseException) -> str | None:
     """The one line for ``err`` when it is torch's report of a DataLoader worker that died, else None.
 
-    With one worker, its death can also reach the loader as an ``EOFError`` of the result queue (the dead worker held
-    the queue's only writing end) before torch's own check: then the worker is found by its exit code."""
+    Its death can also reach the loader before torch's own check, found then by the worker's exit code: as an
+    ``EOFError`` of the result queue (one worker: it held the queue's only writing end), or as a
+    ``ConnectionResetError`` / ``ConnectionRefusedError`` while the batch it had queued is unpacked (torch passes a
+    batch's tensors as file descriptors, handed over by the sending worker's own thread, gone with it). Only an
+    error raised through the DataLoader's iterator counts: a collective's broken connection is another fault."""
     found = _DIED.search(str(err)) if isinstance(err, RuntimeError) else None
-    if found is None and not isinstance(err, EOFError):
+    if found is None and not isinstance(err, (EOFError, ConnectionError)):
         return None
     codes = _exit_codes(err.__traceback__, wait_s=0 if found else 2.0)
     pids = [int(p) for p in re.findall(r"\d+", found.group(1))] if found else [p for p, c in codes.items() if c]
@@ -57,8 +61,9 @@ def loader_worker_died(err: BaseException) -> str | None:
     where = ", ".join(str(p) for p in pids)
     rank = rank_zero_only.rank if hasattr(rank_zero_only, "rank") else 0
     return with_link(
-        f"error: rank {rank}: its DataLoader worker (pid {where}) {how}; {cause}. The last checkpoint is intact "
-        "(resume with --ckpt_path last; under torchrun or --launch.max_restarts the job restarts by itself).",
+        f"error: rank {rank} (host {socket.gethostname()}): its DataLoader worker (pid {where}) {how}; {cause}. The "
+        "last checkpoint is intact (resume with --ckpt_path last; under torchrun or --launch.max_restarts the job "
+        "restarts by itself).",
         "loader-worker-lost",
     )
 

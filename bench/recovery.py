@@ -42,7 +42,8 @@ HANG_TIMEOUT = 15
 DETECTED = {
     "kill": r"lost rank 1 of 2",
     "hang": r"hang watch: rank",
-    "worker": r"error: rank 1: its DataLoader worker|lost rank",  # under the agent the ranks name each other
+    # under the agent the ranks may name each other
+    "worker": r"error: rank 1 \(host [^)]*\): its DataLoader worker|lost rank",
 }
 
 

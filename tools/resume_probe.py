@@ -54,17 +54,53 @@ class HangAt(Callback):
             time.sleep(self.seconds)
 
 
+class HangIn(Callback):
+    """Rank ``rank`` sleeps ``seconds`` in the hook ``hook`` (``setup``: before the hang watch's own ``setup``, which
+    Lightning calls after the trainer's callbacks; ``on_sanity_check_start``, ``on_train_start``), alive but stuck
+    while the job starts."""
+
+    def __init__(self, hook: str = "setup", rank: int = 1, seconds: float = 3600.0) -> None:
+        self.hook, self.rank, self.seconds = hook, rank, seconds
+
+    def _maybe(self, trainer, hook: str) -> None:
+        if hook == self.hook and trainer.global_rank == self.rank:
+            time.sleep(self.seconds)
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        self._maybe(trainer, "setup")
+
+    def on_sanity_check_start(self, trainer, pl_module) -> None:
+        self._maybe(trainer, "on_sanity_check_start")
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._maybe(trainer, "on_train_start")
+
+
+class DieStarting(Callback):
+    """Rank ``rank`` SIGKILLs itself as its configuration is read, before the trainer exists and before the process
+    group forms (a node that crashes as the job starts); ``attempt`` as for :class:`SignalAt`. The rank comes from the
+    launcher's environment: ``RANK`` (torchrun, the elastic agent) or ``SLURM_PROCID`` (srun)."""
+
+    def __init__(self, rank: int = 1, attempt: int | None = None) -> None:
+        mine = os.environ.get("RANK") or os.environ.get("SLURM_PROCID")
+        if mine is not None and int(mine) == rank and in_attempt(attempt):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
 class KillLoaderWorkerAt(Callback):
-    """Rank ``rank`` SIGKILLs its newest DataLoader worker (the OOM killer's way) when the training batch that makes
-    global step ``step - 1`` ends; ``attempt`` as for :class:`SignalAt`. The workers are the children of the rank's
-    multiprocessing forkserver (the app's start method for them), read from Linux's ``/proc``."""
+    """Rank ``rank`` SIGKILLs a worker of its training DataLoader (the OOM killer's way) when the training batch that
+    makes global step ``step - 1`` ends; ``attempt`` as for :class:`SignalAt`. The workers are persistent (the app's
+    loaders), so the training loader keeps its iterator and the iterator its worker processes; the validation
+    loader's workers live too, and may be the newest (a resumed run starts training before any validation)."""
 
     def __init__(self, step: int = 17, rank: int = 1, attempt: int | None = None) -> None:
         self.step, self.rank, self.attempt = step, rank, attempt
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_rank == self.rank and trainer.global_step == self.step - 1 and in_attempt(self.attempt):
-            os.kill(loader_workers(os.getpid())[-1], signal.SIGKILL)
+            iterator = getattr(trainer.train_dataloader, "_iterator", None)
+            workers = [w.pid for w in getattr(iterator, "_workers", [])]
+            os.kill(workers[-1] if workers else loader_workers(os.getpid())[-1], signal.SIGKILL)
 
 
 def children(pid: int) -> list[int]:
@@ -82,8 +118,9 @@ def children(pid: int) -> list[int]:
 
 def loader_workers(rank_pid: int) -> list[int]:
     """A rank's DataLoader workers, oldest first: the children of its multiprocessing forkserver (the app's start
-    method for them in a multi-process job, ``datamodules.base.worker_context``). The newest is one of the running
-    epoch's training workers (the validation's start later, the previous epoch's have ended)."""
+    method for them in a multi-process job, ``datamodules.base.worker_context``). In a run's first attempt the newest
+    is a training worker (the sanity check's validation workers start before the training's; both persist); in a
+    resumed attempt it may be a validation worker."""
     servers = [p for p in children(rank_pid) if b"forkserver" in Path(f"/proc/{p}/cmdline").read_bytes()]
     return sorted(w for server in servers for w in children(server))
 

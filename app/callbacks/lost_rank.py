@@ -12,6 +12,7 @@ import time
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from app.faults import loader_worker_died
 from core.env import detect
 from core.errors import with_link
 
@@ -106,7 +107,7 @@ class LostRank(Callback):
             with _REPORTING:  # so Lightning's poller, seeing the other ranks end first, reports no lost rank
                 self._reported = True
             return
-        if not PEER_GONE.search(str(exception)):
+        if not PEER_GONE.search(str(exception)) or loader_worker_died(exception):  # its own line (app.cli)
             return
         with _REPORTING:
             if self._reported:  # Lightning's poller is reporting it and ending the process
@@ -162,7 +163,7 @@ class LostRank(Callback):
         # check and the first step (a rank's loader worker stuck in its start was seen there), nor a run with it off
         return missing, (
             f"no answer within {self.roll_call_s:g} s after the collective failed: it died, or it is alive but stuck "
-            "where the hang watch does not look (before its first training step ended, or with "
+            "where the hang watch does not look (before its own watch started, or with "
             "`--launch.hang_timeout 0`)"
         )
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -274,7 +275,10 @@ def test_a_killed_loader_worker_is_one_line_naming_its_rank_pid_and_signal(mnist
     code, out, seconds = finish(job, timeout=LAUNCH_TIMEOUT)
     print(f"\na loader worker of rank 1 SIGKILLed: the job exited {code} after {seconds:.1f} s")
     line = assert_documented(out, "loader-worker-lost")
-    assert line.startswith(f"error: rank 1: its DataLoader worker (pid {workers[0]}) was killed by SIGKILL; "), line
+    host = socket.gethostname()
+    assert line.startswith(
+        f"error: rank 1 (host {host}): its DataLoader worker (pid {workers[0]}) was killed by SIGKILL; "
+    ), line
     assert code == 1 and "Traceback" not in out, out[-4000:]
     step_of(root / "version_0" / "checkpoints" / "last.ckpt")  # reads
     nothing_left(job.pid)

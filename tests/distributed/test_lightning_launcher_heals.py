@@ -1,10 +1,12 @@
 """``python cli.py fit --trainer.devices 2 --trainer.strategy ddp --launch.max_restarts K`` (no torchrun): torch's
-elastic agent runs the ranks (``app.launch.elastic``) and a fault heals itself. Real 2-process gloo jobs on MNIST:
+elastic agent runs the ranks (``app.launch.elastic``) and a fault heals itself; under ``torchrun --max-restarts K``
+the same. Real 2-process gloo jobs on MNIST:
 
-- rank 1 SIGKILLed mid-epoch (in the first attempt only), and rank 1 asleep mid-epoch until the hang watch ends the
-  attempt: each job exits 0 in one run folder, says once that the group restarts, and ends with the same weights bit
-  for bit and the same samples at each step as the same command never interrupted under Lightning's own launcher
-  (``--launch.max_restarts 0``);
+- rank 1 SIGKILLed mid-epoch (in the first attempt only): the job exits 0 in one run folder, says once that the group
+  restarts, and ends with the same weights bit for bit and the same samples at each step as the same command never
+  interrupted under Lightning's own launcher (``--launch.max_restarts 0``);
+- on each launcher, one job with three faults in turn: rank 1 SIGKILLed as it starts, then asleep until the hang
+  watch ends the attempt, then a worker of its DataLoader SIGKILLed; the same end;
 - rank 1 SIGKILLed in every attempt: the restarts are used up, the parent exits 1 with one ``error:`` line and no
   traceback;
 - SIGTERM to the parent: the agent stops the ranks, which save ``last.ckpt`` and exit.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -141,30 +144,6 @@ def test_a_killed_rank_restarts_the_group_which_ends_as_the_uninterrupted_run(mn
     assert_healed(out, tmp_path, uninterrupted)
 
 
-def test_a_hung_rank_restarts_the_group_which_ends_as_the_uninterrupted_run(mnist_dir, tmp_path, uninterrupted):
-    hang = ["--launch.hang_timeout", "10", *fault("HangAt")]
-    code, out = run(job_args(mnist_dir, tmp_path, "--launch.max_restarts", "2", *hang), tmp_path)
-    assert code == 0, out[-5000:]
-    assert "error: hang watch: rank 1 of 2 is stuck" in out, out[-5000:]
-    assert_healed(out, tmp_path, uninterrupted)
-
-
-def test_a_killed_loader_worker_restarts_the_group_which_ends_as_the_uninterrupted_run(
-    mnist_dir, tmp_path, uninterrupted
-):
-    """The OOM killer's usual victim: a DataLoader worker of rank 1 (``--data.num_workers 1``; the reference reads
-    the same samples in the same order without workers). Under the agent the ranks' collectives fail at once, and
-    they report a lost rank rather than the worker (under Lightning's launcher rank 1 names the worker:
-    tests/distributed/test_faults.py); the job heals all the same."""
-    kill = fault("KillLoaderWorkerAt")
-    code, out = run(
-        job_args(mnist_dir, tmp_path, "--launch.max_restarts", "2", "--data.num_workers", "1", *kill), tmp_path
-    )
-    assert code == 0, out[-5000:]
-    assert "torchrun: lost rank" in out, out[-5000:]
-    assert_healed(out, tmp_path, uninterrupted, lines=range(1, 3))  # each rank may name the other
-
-
 def test_restarts_used_up_end_the_job_with_one_line(mnist_dir, tmp_path):
     # killed in every attempt, early in the first epoch (before any checkpoint): both attempts fail the same way
     kill = fault("SignalAt", "--trainer.callbacks.sigkill", "true", step=3, attempt=None)
@@ -194,29 +173,36 @@ def test_sigterm_to_the_parent_stops_every_rank(mnist_dir, tmp_path):
     assert last_of(tmp_path)["global_step"] >= 3  # the ranks stopped at a step boundary with a checkpoint
 
 
-def test_a_rank_killed_while_the_job_starts_restarts_the_group(mnist_dir, tmp_path, uninterrupted):
-    """Rank 1 SIGKILLed as soon as the agent started it (before the process group formed, nothing saved yet): the
-    agent restarts the group, which starts from scratch in the same run folder and ends as the uninterrupted run."""
-    job = start(job_args(mnist_dir, tmp_path, "--launch.max_restarts", "2"), tmp_path)
-    try:
-        deadline, rank1 = time.monotonic() + 120, None
-        while rank1 is None and time.monotonic() < deadline and job.poll() is None:
-            for pid in processes_of(tmp_path):
-                try:
-                    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-                except OSError:  # gone already
-                    continue
-                if b"LOCAL_RANK=1" in environ and b"TORCHELASTIC_RESTART_COUNT=0" in environ:
-                    rank1 = pid
-            time.sleep(0.02)
-        assert rank1 is not None, job.communicate()[0][-3000:]
-        os.kill(rank1, signal.SIGKILL)
-        out, _ = job.communicate(timeout=300)
-    finally:
-        job.kill()
-    nothing_left(tmp_path)
-    assert job.returncode == 0 and "Traceback" not in out, out[-5000:]
-    assert "restart 1 of at most 2" in out, out[-5000:]  # the restarted group's plan
+@pytest.mark.parametrize("launcher", ["lightning", "torchrun"])
+def test_a_rank_dead_at_start_a_hung_rank_and_a_killed_loader_worker_each_heal(
+    mnist_dir, tmp_path, uninterrupted, launcher
+):
+    """Restarts allowed: 3 (``--launch.max_restarts 3`` under Lightning's launcher, ``torchrun --max-restarts 3``),
+    one fault per attempt, all on rank 1: SIGKILLed as it reads its configuration, before the process group forms
+    (attempt 0); asleep mid-epoch 0 until the hang watch ends the attempt (1); a worker of its training DataLoader
+    SIGKILLed mid-epoch 1 (2). The fourth attempt ends the job in one run folder with the uninterrupted run's weights
+    and samples."""
+    faults = ["--trainer.callbacks+=tools.resume_probe.DieStarting", "--trainer.callbacks.attempt", "0"]
+    faults += [*fault("HangAt", step=6, attempt=1), *fault("KillLoaderWorkerAt", step=FAULT_AT, attempt=2)]
+    args = job_args(mnist_dir, tmp_path, "--launch.hang_timeout", "10", "--data.num_workers", "1", *faults)
+    if launcher == "torchrun":
+        args = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--max-restarts", "3", *args]
+        plan = "launcher     torchrun"
+    else:
+        args = [*args, "--launch.max_restarts", "3"]
+        plan = "launcher     torch's elastic agent, started by this process (--launch.max_restarts 3)"
+    code, out = run(args, tmp_path, timeout=400)
+    assert code == 0 and "Traceback" not in out, out[-6000:]
+    assert plan in out, out[-6000:]
+    assert "error: hang watch: rank 1 of 2 is stuck" in out, out[-6000:]
+    assert f"error: rank 1 (host {socket.gethostname()}): its DataLoader worker (pid " in out, out[-6000:]
+    last = tmp_path / "version_0" / "checkpoints" / "last.ckpt"
+    for restart in (2, 3):  # restart 1 started from scratch: nothing was saved when rank 1 died starting
+        assert f"resume: {last} (torchrun restart {restart}: the newest last.ckpt of job" in out, out[-6000:]
     ours, theirs = last_of(tmp_path), last_of(uninterrupted)
     assert ours["global_step"] == EPOCHS * BATCHES
     assert all(torch.equal(ours["state_dict"][k], v) for k, v in theirs["state_dict"].items()), "weights differ"
+    for rank in (0, 1):
+        assert per_step(tmp_path, rank) == per_step(uninterrupted, rank), rank
+    faults_seen = json.loads((tmp_path / "version_0" / "summary.json").read_text())["faults"]
+    assert [f["restart"] for f in faults_seen] == [2, 3], faults_seen

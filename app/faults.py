@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import re
 import signal
-import socket
 import time
 from types import TracebackType
 
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
+from core.env import node_name
 from core.errors import with_link
 
 _DIED = re.compile(
@@ -61,7 +61,7 @@ def loader_worker_died(err: BaseException) -> str | None:
     where = ", ".join(str(p) for p in pids)
     rank = rank_zero_only.rank if hasattr(rank_zero_only, "rank") else 0
     return with_link(
-        f"error: rank {rank} (host {socket.gethostname()}): its DataLoader worker (pid {where}) {how}; {cause}. The "
+        f"error: rank {rank} (host {node_name()}): its DataLoader worker (pid {where}) {how}; {cause}. The "
         "last checkpoint is intact (resume with --ckpt_path last; under torchrun or --launch.max_restarts the job "
         "restarts by itself).",
         "loader-worker-lost",

@@ -74,6 +74,12 @@ class Launch:
         return (self.world_size or 1) > 1
 
 
+def node_name() -> str:
+    """This node's name as the scheduler knows it (SLURM's ``SLURMD_NODENAME``: what ``sbatch --exclude`` takes), else
+    the host name."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
 def _int(value: str | None) -> int | None:
     # SLURM writes repeated counts as "2(x3)"; the first number is the per-node value
     match = re.match(r"\d+", value or "")

@@ -33,7 +33,6 @@ import contextlib
 import faulthandler
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -46,7 +45,7 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from core.env import detect
+from core.env import detect, node_name
 from core.errors import with_link
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -208,7 +207,7 @@ class _Watchdog(threading.Thread):
         self.timeout, self.startup = watch.timeout, watch.startup_timeout
         self.interval = min(max(self.timeout / 10, 0.2), 2.0)
         self.silent_after = max(3 * self.interval, 3.0)  # a rank whose beats stopped this long does not answer
-        self.host, self.pid = socket.gethostname(), os.getpid()
+        self.host, self.pid = node_name(), os.getpid()
         self.main = threading.main_thread()
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("SLURM_RESTART_COUNT") or "0"
         self.prefix = f"{PREFIX}/{attempt}"

@@ -55,19 +55,16 @@ class HangAt(Callback):
 
 
 class HangIn(Callback):
-    """Rank ``rank`` sleeps ``seconds`` in the hook ``hook`` (``setup``: before the hang watch's own ``setup``, which
-    Lightning calls after the trainer's callbacks; ``on_sanity_check_start``, ``on_train_start``), alive but stuck
-    while the job starts."""
+    """Rank ``rank`` sleeps ``seconds`` in the hook ``hook`` (``on_sanity_check_start`` or ``on_train_start``), alive
+    but stuck while the job starts. (A rank stuck in its DataModule's ``setup``, before its hang watch starts, needs a
+    DataModule of its own: tests/distributed/test_hangs.py.)"""
 
-    def __init__(self, hook: str = "setup", rank: int = 1, seconds: float = 3600.0) -> None:
+    def __init__(self, hook: str = "on_train_start", rank: int = 1, seconds: float = 3600.0) -> None:
         self.hook, self.rank, self.seconds = hook, rank, seconds
 
     def _maybe(self, trainer, hook: str) -> None:
         if hook == self.hook and trainer.global_rank == self.rank:
             time.sleep(self.seconds)
-
-    def setup(self, trainer, pl_module, stage) -> None:
-        self._maybe(trainer, "setup")
 
     def on_sanity_check_start(self, trainer, pl_module) -> None:
         self._maybe(trainer, "on_sanity_check_start")

@@ -21,10 +21,11 @@ Rank 0's thread reads them all. When no counter of any rank has moved for ``time
 The job's start has its own, longer allowance (``--launch.startup_timeout``): from the training set-up (the
 callbacks' ``setup``, after the DataModule's) through the sanity check to the end of the first training step (the
 first compile, the loader workers' start), each rank publishes which of these it is in, and the message names it. A
-rank still in the DataModule's ``setup`` (or an earlier callback's) has not started its thread: when the others have
-and it stays missing for the allowance, it is named as stuck there. What is not progress, and so never fires the
-watch: a checkpoint save (``Trainer.save_checkpoint`` on any rank, however long its write: rank 0 writes while the
-others wait at the barrier after it). A long validation moves the counter at each of its steps.
+rank still in the DataModule's ``setup`` has not started its thread (:class:`StartEarly` starts it in the first
+callback ``setup``): when the others have and it stays missing for the allowance, it is named as stuck there.
+What is not progress, and so never fires the watch: a checkpoint save (``Trainer.save_checkpoint`` on any rank,
+however long its write: rank 0 writes while the others wait at the barrier after it). A long validation moves the
+counter at each of its steps.
 """
 
 from __future__ import annotations
@@ -279,8 +280,7 @@ class _Watchdog(threading.Thread):
             if now - self.started > self.startup:
                 self._diagnose(seen, now - self.started)
             return now
-        starting = any(fields[7] != "training" for fields in beats.values())
-        if now - last_move > (self.startup if starting else self.timeout):
+        if now - last_move > (self.startup if _starting(beats.values(), self.world) else self.timeout):
             self._diagnose(seen, now - last_move)
         return last_move
 
@@ -318,7 +318,7 @@ class _Watchdog(threading.Thread):
             waiting = {r for r in answering if "torch/distributed/" in answers[r]}
             behind = sorted(set(answering) - waiting) if 0 < len(waiting) < len(answering) else []
         names = ", ".join(map(str, behind))
-        starting = len(seen) < self.world or any(fields[7] != "training" for _, _, fields, _ in seen.values())
+        starting = _starting([fields for _, _, fields, _ in seen.values()], self.world)
         allowance = (
             f"--launch.startup_timeout {self.startup:g}: the job is starting" if starting
             else f"--launch.hang_timeout {self.timeout:g}"
@@ -437,6 +437,13 @@ class _Watchdog(threading.Thread):
         )
         _kill_local_children()
         os._exit(1)
+
+
+def _starting(beats: Any, world: int) -> bool:
+    """Whether the job is still starting: a rank has not published yet, or one is before the end of its first step
+    (each beat's last field is its phase, :data:`PHASES`)."""
+    beats = list(beats)
+    return len(beats) < world or any(fields[7] != "training" for fields in beats)
 
 
 def _kill_local_children() -> None:

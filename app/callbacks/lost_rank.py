@@ -158,9 +158,9 @@ class LostRank(Callback):
             return [0], f"its process hosted the rendezvous store at {where}, which no longer answers"
         if not missing:
             return [], "every rank answered the roll call, so the failure was in the network between them"
-        # with the hang watch on (app.callbacks.hang_watch: its timeout is inside the collective's), a rank alive but
-        # stuck in training is named by it before any collective times out; it does not watch the set-up, the sanity
-        # check and the first step (a rank's loader worker stuck in its start was seen there), nor a run with it off
+        # with the hang watch on (app.callbacks.hang_watch: its timeouts are inside the collective's), a rank alive but
+        # stuck is named by it before any collective times out; it does not see a rank before that rank's watch
+        # started (rank 0 still in its DataModule's setup), nor a run with it off
         return missing, (
             f"no answer within {self.roll_call_s:g} s after the collective failed: it died, or it is alive but stuck "
             "where the hang watch does not look (before its own watch started, or with "

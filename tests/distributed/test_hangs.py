@@ -179,13 +179,9 @@ def test_torchrun_rank_in_a_lone_collective_is_named(mnist_dir, tmp_path):
 
 def starting(out: str, allowance: float) -> list[str]:
     """The diagnosis of a rank stuck while the job starts: the start-up allowance in its first line."""
-    assert_documented(out, "hang-watch")
-    lines = out.splitlines()
-    head = f"(--launch.startup_timeout {allowance:g}: the job is starting)."
-    first = [i for i, line in enumerate(lines) if line.startswith("error: hang watch: rank 1 of 2 is stuck")]
-    assert len(first) == 1 and head in lines[first[0]], out[-6000:]
-    end = next(i for i in range(first[0], len(lines)) if lines[i].startswith("Every rank now exits"))
-    return lines[first[0] : end + 1]
+    said = diagnosis(out)
+    assert f"(--launch.startup_timeout {allowance:g}: the job is starting)." in said[0], out[-6000:]
+    return said
 
 
 @pytest.mark.slow

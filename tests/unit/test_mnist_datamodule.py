@@ -42,9 +42,15 @@ def test_split_is_seeded_and_disjoint(mnist_dir):
     assert not set(a.train_set.indices) & set(a.val_set.indices)
 
 
+def raw_bytes(mnist_dir, name: str) -> bytes:
+    """The uncompressed bytes of MNIST file ``name``, whether the data folder holds it plain or gzipped."""
+    found = find_file(mnist_dir, name)
+    return gzip.decompress(found.read_bytes()) if found.suffix == ".gz" else found.read_bytes()
+
+
 def _copy(mnist_dir, dest):
     for name in FILES:
-        shutil.copy(find_file(mnist_dir, name), dest / name)
+        (dest / name).write_bytes(raw_bytes(mnist_dir, name))
 
 
 def test_truncated_file_is_refused(mnist_dir, tmp_path):
@@ -65,7 +71,7 @@ def test_wrong_magic_is_refused(mnist_dir, tmp_path):
 
 def test_gzipped_files_are_read(mnist_dir, tmp_path):
     for name in FILES:
-        (tmp_path / f"{name}.gz").write_bytes(gzip.compress(find_file(mnist_dir, name).read_bytes(), compresslevel=1))
+        (tmp_path / f"{name}.gz").write_bytes(gzip.compress(raw_bytes(mnist_dir, name), compresslevel=1))
     images, labels = load_split(tmp_path, train=False)
     assert images.shape == (10000, 1, 28, 28) and labels[:3].tolist() == [7, 2, 1]
 

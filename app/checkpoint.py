@@ -8,6 +8,14 @@
   user opts out with ``--trust_checkpoint true`` (``AtomicCheckpointIO(weights_only=False)``) for a file they trust.
   A save that finds the disk full raises :class:`DiskFullError` (one line: the space needed and free, the previous
   checkpoint kept) instead of torch's two tracebacks; :class:`Trainer` (the CLI's) makes every rank stop with it.
+- A SHA-256 of every saved file, written beside it as ``<name>.sha256`` (the format of ``sha256sum``: ``sha256sum -c
+  last.ckpt.sha256`` checks it by hand). A resume passes over a file whose bytes no longer match it
+  (:mod:`app.resume`), and ``--ckpt_path FILE`` refuses one.
+- :class:`BackgroundSaves`: Lightning's ``AsyncCheckpointIO`` around it; the saves made during training are written
+  by a thread while training goes on (``--checkpoint.background``).
+- The node-local copy (``--checkpoint.local_copy``): after each save of ``last.ckpt``, a copy in the node's own
+  storage (``$SLURM_TMPDIR``, ``$TMPDIR`` or ``/dev/shm``), which a restart on the same node reads instead of the
+  shared file when both have the same SHA-256.
 - :func:`read_checkpoint` and :func:`check_fits`: the CLI's checks of ``--ckpt_path`` before a run uses it (missing,
   truncated, unsafe, another architecture), each a one-line message with the fix.
 - :func:`evaluation_dirpath`: the folder a loaded checkpoint was saved in. Which checkpoint a run resumes from
@@ -21,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import glob
+import hashlib
 import importlib
 import os
 import pickle
@@ -34,8 +43,9 @@ import torch
 from lightning.fabric.utilities.cloud_io import _load as pl_load
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_info
+from lightning_utilities.core.apply_func import apply_to_collection
 
 from app import run_dir
 from core.errors import with_link
@@ -67,6 +77,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         """
         super().__init__()
         self.weights_only = weights_only
+        self.local_copy = False  # also copy each last.ckpt to the node's own storage (the --checkpoint group sets it)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
         if storage_options is not None or "://" in str(path):
@@ -79,11 +90,15 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             # project folder the team reads the checkpoints like the run's other files.
             os.fchmod(fd, 0o666 & ~_umask())
             with os.fdopen(fd, "wb") as file:
-                torch.save(checkpoint, file)
+                hashing = _Hashing(file)  # the SHA-256 of the bytes as they are written: no second read
+                torch.save(checkpoint, hashing)
                 file.flush()
                 os.fsync(file.fileno())
             keep_previous(path)
             os.replace(tmp, path)
+            # A crash between these two renames leaves the new file with the old SHA-256: a resume then takes it for
+            # damaged and falls back to last.previous.ckpt (one interval lost, never a wrong state).
+            write_checksum(path, hashing.sha256.hexdigest())
         except BaseException as err:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
@@ -94,12 +109,14 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         for stale in path.parent.glob(f".{glob.escape(path.name)}.*.partial"):
             with contextlib.suppress(OSError):
                 stale.unlink()
-        with contextlib.suppress(OSError):  # make the rename itself durable (not possible on every filesystem)
-            dir_fd = os.open(path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+        _fsync_folder(path.parent)  # make the renames themselves durable
+        if self.local_copy and path.name == f"{run_dir.LAST}.ckpt":
+            copy_locally(path)
+
+    def remove_checkpoint(self, path: _PATH) -> None:
+        super().remove_checkpoint(path)
+        with contextlib.suppress(OSError):
+            os.unlink(checksum_path(Path(path)))
 
     def load_checkpoint(self, path: _PATH, map_location: Any | None = None, weights_only: bool | None = None) -> dict:
         """Loads onto this rank's own device (never every rank onto GPU 0).
@@ -109,6 +126,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         """
         map_location = map_location if map_location is not None else own_device()
         weights_only = self.weights_only if weights_only is None else weights_only
+        if "://" not in str(path) and (local := readable_copy(Path(path))) != Path(path):
+            rank_zero_info(f"resume: reading {local}, the node-local copy of {path} (the same SHA-256)")
+            path = local
         try:
             return pl_load(path, map_location=map_location, weights_only=weights_only)
         except pickle.UnpicklingError as err:
@@ -120,7 +140,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 def keep_previous(path: Path) -> None:
     """Before ``path`` (a ``last.ckpt``) is replaced, the file it holds stays as ``last.previous.ckpt``: a resume
     falls back to it when the newest does not read (:mod:`app.resume`). A hard link: no copy, no time; the disk
-    holds one more checkpoint once the new one has replaced the old."""
+    holds one more checkpoint once the new one has replaced the old. Its SHA-256 goes with it."""
     previous = run_dir.previous_of(path)
     if previous is None or not path.is_file():
         return
@@ -131,7 +151,224 @@ def keep_previous(path: Path) -> None:
         os.link(path, link)
     except OSError:  # a filesystem without hard links: the newest is still saved atomically, without a fallback
         return
+    digest = recorded_checksum(path)
+    if digest is None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(checksum_path(previous))
+    else:  # before the file: a crash in between leaves the older previous with a newer checksum (passed over)
+        write_checksum(previous, digest)
     os.replace(link, previous)
+
+
+# --- checksums ---------------------------------------------------------------------------------------------------
+
+
+class _Hashing:
+    """A binary file that also feeds every byte written to a SHA-256 (``torch.save`` writes its zip sequentially)."""
+
+    def __init__(self, file: Any) -> None:
+        self.file, self.sha256 = file, hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self.sha256.update(data)
+        return self.file.write(data)
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def checksum_path(path: Path) -> Path:
+    """Where the SHA-256 of checkpoint ``path`` is kept: ``<name>.sha256``, in the format of ``sha256sum``."""
+    return path.with_name(f"{path.name}.sha256")
+
+
+def write_checksum(path: Path, digest: str) -> None:
+    """Writes ``digest`` as ``path``'s checksum file, atomically (the file or its previous version, never half)."""
+    target = checksum_path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as file:
+            file.write(f"{digest}  {path.name}\n")
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def recorded_checksum(path: Path) -> str | None:
+    """The SHA-256 saved with ``path``, or None when it has none (a file saved by another tool or version)."""
+    try:
+        text = checksum_path(path).read_text().split()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text[0].lower() if text and len(text[0]) == 64 else None
+
+
+def file_checksum(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(1 << 23):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# (path, size, mtime) -> whether its bytes matched its checksum: a resume asks once per process, not once per reader
+_CHECKED: dict[tuple[str, int, int], bool] = {}
+
+
+def checksum_problem(path: Path) -> str | None:
+    """Why ``path`` fails its checksum (its bytes changed after the save: a disk fault, an incomplete copy), or None
+    when they match or no checksum was saved with it."""
+    recorded = recorded_checksum(path)
+    if recorded is None:
+        return None
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in _CHECKED:
+        _CHECKED[key] = file_checksum(path) == recorded
+    return None if _CHECKED[key] else f"its SHA-256 differs from the one saved in {checksum_path(path).name}"
+
+
+# --- the node-local copy -----------------------------------------------------------------------------------------
+
+
+def local_root() -> Path | None:
+    """The node's own storage for checkpoint copies: ``$SLURM_TMPDIR``, ``$TMPDIR`` (per-job folders on many
+    clusters), else ``/dev/shm`` (memory); None when none exists."""
+    for where in (os.environ.get("SLURM_TMPDIR"), os.environ.get("TMPDIR"), "/dev/shm"):
+        if where and Path(where).is_dir() and os.access(where, os.W_OK):
+            return Path(where)
+    return None
+
+
+def local_folder(folder: Path) -> Path | None:
+    """The node-local folder that mirrors the checkpoint folder ``folder`` (one per run folder, by its real path)."""
+    root = local_root()
+    if root is None:
+        return None
+    key = hashlib.sha1(os.path.realpath(folder).encode()).hexdigest()[:16]
+    return root / f"dptrain-checkpoints-{os.getuid()}" / key
+
+
+_WARNED: set[str] = set()  # the node-local folders this process has warned about
+
+
+def copy_locally(path: Path) -> None:
+    """Copies the just-saved ``path`` and its checksum into :func:`local_folder` (atomically, as the save). Never
+    fails the save: a node without room keeps only the shared file, with one warning. A copy that would take more
+    than a quarter of the free space there is not made (``/dev/shm`` is the node's memory)."""
+    folder, digest = local_folder(path.parent), recorded_checksum(path)
+    if folder is None or digest is None:
+        return
+    local = folder / path.name
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        held = local.stat().st_size if local.is_file() else 0  # replaced by this copy
+        if 4 * path.stat().st_size > shutil.disk_usage(folder).free + held:
+            raise OSError(errno.ENOSPC, f"{megabytes(path.stat().st_size)} is over a quarter of the free space")
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=folder)
+        os.close(fd)
+        try:
+            shutil.copyfile(path, tmp)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(checksum_path(local))  # never a new checksum beside the old file, nor the reverse
+            os.replace(tmp, local)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        write_checksum(local, digest)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            os.unlink(local)  # never an older copy left to read
+        if str(folder) not in _WARNED:
+            _WARNED.add(str(folder))
+            rank_zero_info(
+                f"warning: checkpoint: no node-local copy of {path} in {folder} ({err.strerror or err}); a restart "
+                "reads the shared file. Fix: set TMPDIR to a node-local disk with room, or --checkpoint.local_copy "
+                "false to stop trying."
+            )
+
+
+def readable_copy(path: Path) -> Path:
+    """``path``, or its node-local copy when that holds the same bytes (the same recorded SHA-256, and its own bytes
+    match it): a restart on this node reads its own storage instead of the shared filesystem."""
+    folder = local_folder(path.parent)
+    local = folder / path.name if folder is not None else None
+    if local is None or not local.is_file() or local == path:
+        return path
+    recorded = recorded_checksum(path)
+    if recorded is None or recorded_checksum(local) != recorded or checksum_problem(local) is not None:
+        return path
+    return local
+
+
+def remove_local_copies(folder: Path) -> None:
+    """Removes the node-local copies of checkpoint folder ``folder`` (a fit that ended: nothing restarts from them;
+    in ``/dev/shm`` they hold memory)."""
+    local = local_folder(folder)
+    if local is not None and local.is_dir():
+        shutil.rmtree(local, ignore_errors=True)
+
+
+# --- saving in the background ------------------------------------------------------------------------------------
+
+
+class BackgroundSaves(AsyncCheckpointIO):
+    """Lightning's ``AsyncCheckpointIO`` around :class:`AtomicCheckpointIO`: a save made while :attr:`deferring`
+    (the periodic saves during training, :class:`app.callbacks.ModelCheckpoint`) is written by a thread while
+    training goes on; every other save (the end of fit, a signal's) is waited for.
+
+    Lightning's version clones every tensor on its own device (a second copy of the weights and optimizer state in
+    GPU memory) and reports a failed save only at the next one without waiting for it; here the snapshot goes to
+    host memory, at most one save is in flight (the next save, a removal and the teardown wait for it first), and a
+    failure (a full disk: :class:`DiskFullError`) is raised there on rank 0, where :class:`app.trainer.Trainer`
+    shares it with every rank.
+    """
+
+    def __init__(self, checkpoint_io: AtomicCheckpointIO) -> None:
+        super().__init__(checkpoint_io)
+        self.deferring = False
+        self._pending = None
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
+        self.wait()
+        snapshot = apply_to_collection(checkpoint, torch.Tensor, _to_host)  # the state as of now, on the host
+        self._ensure_setup()
+        self._pending = self._executor.submit(self.checkpoint_io.save_checkpoint, snapshot, path, storage_options)
+        if not self.deferring:
+            self.wait()
+
+    def wait(self) -> None:
+        """Until the save in flight (if any) is on disk; raises what it raised."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def remove_checkpoint(self, path: _PATH) -> None:
+        self.wait()
+        super().remove_checkpoint(path)
+
+    def teardown(self) -> None:
+        try:
+            self.wait()
+        finally:
+            super().teardown()
+
+
+def _to_host(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().to("cpu", copy=True)
+
+
+def _fsync_folder(folder: Path) -> None:
+    with contextlib.suppress(OSError):  # not possible on every filesystem
+        dir_fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
 
 
 class DiskFullError(SystemExit):
@@ -268,6 +505,14 @@ def read_checkpoint(path: _PATH, trust: bool = False) -> dict:
                 f"{flag}: no such file. Fix: check the path; `--ckpt_path last` resumes the newest last.ckpt under "
                 "--trainer.default_root_dir; leave --ckpt_path out to start from scratch.",
                 "checkpoint-missing",
+            )
+        )
+    if problem := checksum_problem(readable_copy(Path(path))):
+        raise CheckpointError(
+            with_link(
+                f"{flag}: not a readable checkpoint; it is truncated or corrupt ({problem}). Fix: use an intact copy "
+                "or an earlier checkpoint of the run, or leave --ckpt_path out to start from scratch.",
+                "checkpoint-corrupt",
             )
         )
     try:

@@ -195,7 +195,8 @@ def environment(trainer: Trainer) -> dict[str, Any]:
         "device_names": names,
         "cluster_environment": type(cluster).__name__ if cluster is not None else None,
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-        "torch": torch.__version__,
+        "torchrun_job": os.environ.get("TORCHELASTIC_RUN_ID"),  # a restart with nothing saved continues this run
+        "torch": str(torch.__version__),  # a TorchVersion would be written as a Python object tag
         "lightning": lightning.__version__,
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
@@ -322,14 +323,17 @@ def continue_run_of(config: Any, last: Path) -> None:
             logger.init_args.version = version
 
 
-def prepare_loggers(config, subcommand: str | None, resume_from: Path | None = None) -> None:
+def prepare_loggers(
+    config, subcommand: str | None, resume_from: Path | None = None, run_folder: Path | None = None
+) -> None:
     """Fills in logger settings the CLI knows before the loggers exist (called by the CLI on every rank).
 
     - Choosing the W&B logger without ``wandb`` installed stops here with the install command.
     - A multi-node job gets a W&B ``group`` (``slurm-<job id>`` / ``torchrun-<run id>``) unless one is set.
     - ``fit`` resuming from a checkpoint of this run folder (``resume_from``: :func:`app.resume.decide`'s file)
       continues the checkpoint's TensorBoard version and W&B run id. A checkpoint from another folder starts new
-      ones (fine-tuning someone else's weights is a new run).
+      ones (fine-tuning someone else's weights is a new run). A restart with nothing saved yet continues the
+      TensorBoard version its job started (``run_folder``).
     """
     configured = logger_configs(config)
     wandb_cfgs = [lg for lg in configured if lg.class_path.rsplit(".", 1)[-1] == "WandbLogger"]
@@ -340,6 +344,10 @@ def prepare_loggers(config, subcommand: str | None, resume_from: Path | None = N
     _group_the_nodes(int(config.trainer.get("num_nodes") or 1), wandb_cfgs)
     if subcommand == "fit" and resume_from is not None:
         _continue_the_checkpoints_run(config, resume_from, tb_cfgs, wandb_cfgs)
+    elif subcommand == "fit" and run_folder is not None:  # a restart before any save: the folder its job started
+        for lg in tb_cfgs:
+            if lg.init_args.get("version") is None:
+                lg.init_args.version = run_folder.name
 
 
 def _group_the_nodes(nodes: int, wandb_cfgs: list) -> None:

@@ -37,7 +37,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
 from app import run_dir
-from app.checkpoint import CheckpointError, load_on_cpu
+from app.checkpoint import CheckpointError, checksum_problem, load_on_cpu, readable_copy
 from core.env import Launch
 from core.errors import with_link
 
@@ -55,6 +55,8 @@ class Resume:
             ``lightning`` (a name Lightning resolves) or ``none``.
         passed_over: newer checkpoints of the same source that do not read, each with torch's reason.
         checkpoint: ``path`` loaded on the CPU, memory-mapped (its tensors are not read), when it was read here.
+        run_folder: a restarted job with nothing saved yet: the ``version_N`` folder its first attempt started,
+            which this attempt continues (one run folder per job).
     """
 
     path: Path | None
@@ -62,6 +64,7 @@ class Resume:
     source: str = "none"
     passed_over: list[tuple[Path, str]] = field(default_factory=list)
     checkpoint: dict | None = field(default=None, repr=False)
+    run_folder: Path | None = None
 
     def describe(self) -> str:
         """The plan's ``resume from`` value."""
@@ -117,14 +120,34 @@ def decide(config: Any, subcommand: str | None, launch: Launch) -> Resume:
         found = _slurm(root, launch, trust)
         if found is not None:
             return found
+        return _continuing(Resume(None, "nothing (fresh start)"), root, launch, "slurm_job_id")
     job = launch.job_id
     if launch.launcher == "torchrun" and job and not (job == "none" and launch.restart_count == 0):
         # torchrun gives every job without --rdzv-id the id "none": such a job resumes only once it has restarted
         of_job = [p for p in run_dir.resumable_checkpoints(root) if _job_of(p, "torchrun_job") in (job, None)]
         found = _newest_readable(of_job, trust, lambda path, state: _identity(state).get("torchrun_job") == job)
         why = f"torchrun restart {launch.restart_count}: the newest last.ckpt of job {job}"
-        return _said(found, "torchrun", why, "nothing (fresh start)")
+        return _continuing(_said(found, "torchrun", why, "nothing (fresh start)"), root, launch, "torchrun_job")
     return Resume(None, "nothing (fresh start)")
+
+
+def _continuing(found: Resume, root: Path, launch: Launch, key: str) -> Resume:
+    """A restarted or requeued job with no checkpoint yet (its first attempt failed before one was saved) continues
+    the run folder that attempt started: the newest ``version_N`` without checkpoints whose ``hparams.yaml`` names
+    this job (``env.<key>``, :func:`app.loggers.environment`)."""
+    if found.path is not None or launch.restart_count == 0 or not launch.job_id:
+        return found
+    for folder in sorted(root.glob("version_*"), key=lambda p: p.stat().st_mtime, reverse=True):
+        if any(folder.glob("checkpoints/*.ckpt")):
+            continue
+        try:
+            env = (yaml.safe_load((folder / "hparams.yaml").read_text()) or {}).get("env") or {}
+        except (OSError, yaml.YAMLError, AttributeError):
+            continue
+        if str(env.get(key)) == launch.job_id:
+            found.run_folder, found.why = folder, f"nothing saved yet; continuing {folder.name}, which this job started"
+            return found
+    return found
 
 
 def _slurm(root: Path, launch: Launch, trust: bool) -> Resume | None:
@@ -148,6 +171,8 @@ def _slurm(root: Path, launch: Launch, trust: bool) -> Resume | None:
 def apply(config: Any, subcommand: str | None, launch: Launch) -> Resume:
     """:func:`decide`, then ``config.ckpt_path`` set to its file (None for a fresh start); rank 0 says what it chose."""
     decision = decide(config, subcommand, launch)
+    if decision.run_folder is not None:
+        rank_zero_info(f"resume: {decision.why}")
     if decision.source not in ("last", "hpc", "torchrun", "slurm"):  # a file or name given, or nothing to resume
         return decision
     config.ckpt_path = str(decision.path) if decision.path is not None else None
@@ -179,8 +204,11 @@ def _newest_readable(candidates: list[Path], trust: bool, wanted=lambda path, st
     passed over, with torch's reason."""
     passed: list[tuple[Path, str]] = []
     for path in candidates:
+        if problem := checksum_problem(readable_copy(path)):  # bytes changed since the save: truncated or flipped
+            passed.append((path, problem))
+            continue
         try:
-            state = load_on_cpu(path, weights_only=not trust)
+            state = load_on_cpu(readable_copy(path), weights_only=not trust)
         except pickle.UnpicklingError as err:
             if "GLOBAL" in str(err):  # pickled code, not a damaged file: the Trainer's load refuses it, naming the fix
                 return Resume(path, "", passed_over=passed)

@@ -56,14 +56,16 @@ class HangAt(Callback):
 
 class HangIn(Callback):
     """Rank ``rank`` sleeps ``seconds`` in the hook ``hook`` (``on_sanity_check_start`` or ``on_train_start``), alive
-    but stuck while the job starts. (A rank stuck in its DataModule's ``setup``, before its hang watch starts, needs a
-    DataModule of its own: tests/distributed/test_hangs.py.)"""
+    but stuck while the job starts; ``attempt`` as for :class:`SignalAt`. (A rank stuck in its DataModule's ``setup``,
+    before its hang watch starts, needs a DataModule of its own: tests/distributed/test_hangs.py.)"""
 
-    def __init__(self, hook: str = "on_train_start", rank: int = 1, seconds: float = 3600.0) -> None:
-        self.hook, self.rank, self.seconds = hook, rank, seconds
+    def __init__(
+        self, hook: str = "on_train_start", rank: int = 1, seconds: float = 3600.0, attempt: int | None = None
+    ) -> None:
+        self.hook, self.rank, self.seconds, self.attempt = hook, rank, seconds, attempt
 
     def _maybe(self, trainer, hook: str) -> None:
-        if hook == self.hook and trainer.global_rank == self.rank:
+        if hook == self.hook and trainer.global_rank == self.rank and in_attempt(self.attempt):
             time.sleep(self.seconds)
 
     def on_sanity_check_start(self, trainer, pl_module) -> None:

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import callbacks
+from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
 from app.callbacks import agree
+from app.checkpoint import AtomicCheckpointIO, BackgroundSaves, remove_local_copies
 
 INTERVAL = "interval_save"  # the agreement's flag: rank 0's interval has elapsed
 
@@ -36,17 +40,38 @@ class ModelCheckpoint(callbacks.ModelCheckpoint):
     broadcasts rank 0's clock before every step; here rank 0's "time is up" rides the asynchronous per-step agreement
     of :mod:`app.callbacks.agree` (no collective of its own), so every rank saves at the end of the same optimizer
     step. Each save keeps the file it replaces as ``last.previous.ckpt`` (:class:`app.checkpoint.AtomicCheckpointIO`).
+
+    ``background`` (default on): the saves during training are written by a thread
+    (:class:`app.checkpoint.BackgroundSaves`); training stops only to copy the state to host memory. The save at the
+    end of ``fit`` is waited for. ``local_copy``: each ``last.ckpt`` is also copied to the node's own storage, which
+    a restart on the same node reads first (:func:`app.checkpoint.readable_copy`); by default only when the launcher
+    restarts the processes in place (``--launch.max_restarts`` under Lightning's launcher, ``torchrun
+    --max-restarts``), and removed when the fit ends.
     """
 
-    def __init__(self, *args: Any, interval_minutes: float | None = 10.0, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        interval_minutes: float | None = 10.0,
+        background: bool = True,
+        local_copy: bool | None = None,
+        **kwargs: Any,
+    ) -> None:
         """
         Args:
             interval_minutes: save ``last.ckpt`` whenever this many minutes of training have passed since the last
                 save (None or 0: only the saves the other arguments ask for).
+            background: write the saves made during training from a thread while training goes on (the state is
+                copied to host memory first: that copy is the only pause, and the host holds it until written).
+            local_copy: also copy each ``last.ckpt`` to ``$SLURM_TMPDIR``, ``$TMPDIR`` or ``/dev/shm``, read first by
+                a restart on the same node. None (default): when the launcher restarts the processes in place.
             *args, **kwargs: Lightning's ``ModelCheckpoint``.
         """
         super().__init__(*args, **kwargs)
         self.interval_minutes = interval_minutes
+        self.background = background
+        self.local_copy = local_copy
+        self._ending = False  # the save at the end of fit: waited for
         self._last_save: float | None = None  # time.monotonic() of the last save (or of the training start)
         self._pending: int | None = None  # a step save due at an epoch's last batch, made at the epoch's end
         self._watching = False
@@ -60,6 +85,28 @@ class ModelCheckpoint(callbacks.ModelCheckpoint):
         if not self._watching or not agree.any_rank(trainer, INTERVAL):
             return False
         return not trainer.fit_loop.epoch_loop._should_accumulate() and not self._should_skip_saving_checkpoint(trainer)
+
+    @override
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        self._ending = False
+        io = trainer.strategy.checkpoint_io
+        atomic = io.checkpoint_io if isinstance(io, BackgroundSaves) else io
+        if stage != "fit" or not isinstance(atomic, AtomicCheckpointIO):
+            return
+        restarts_in_place = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS") or 0) > 0
+        atomic.local_copy = restarts_in_place if self.local_copy is None else self.local_copy
+        if self.background and not isinstance(io, BackgroundSaves):
+            trainer.strategy.checkpoint_io = BackgroundSaves(atomic)
+
+    @override
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        super().teardown(trainer, pl_module, stage)
+        io = trainer.strategy.checkpoint_io
+        atomic = io.checkpoint_io if isinstance(io, BackgroundSaves) else io
+        finished = self._ending and not trainer.interrupted  # training ended (not an exception): nothing restarts
+        if stage == "fit" and finished and getattr(atomic, "local_copy", False) and trainer.is_global_zero:
+            remove_local_copies(Path(self.dirpath))
 
     @override
     def on_train_start(self, trainer, pl_module) -> None:
@@ -78,6 +125,7 @@ class ModelCheckpoint(callbacks.ModelCheckpoint):
 
     @override
     def on_train_end(self, trainer, pl_module) -> None:
+        self._ending = True
         self._stop_watching(trainer, finished=True)
         if self.save_last and not self._should_skip_saving_checkpoint(trainer):  # this step not saved yet
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
@@ -96,7 +144,10 @@ class ModelCheckpoint(callbacks.ModelCheckpoint):
 
     @override
     def _save_checkpoint(self, trainer, filepath: str) -> None:
-        super()._save_checkpoint(trainer, filepath)
+        io = trainer.strategy.checkpoint_io
+        defer = isinstance(io, BackgroundSaves) and trainer.state.fn == TrainerFn.FITTING and not self._ending
+        with _deferring(io) if defer else contextlib.nullcontext():
+            super()._save_checkpoint(trainer, filepath)
         self._last_save = time.monotonic()
 
     @override
@@ -138,3 +189,12 @@ class ModelCheckpoint(callbacks.ModelCheckpoint):
         if state_dict.get("dirpath"):
             state_dict = {**state_dict, "dirpath": os.path.realpath(os.path.expanduser(state_dict["dirpath"]))}
         super().load_state_dict(state_dict)
+
+
+@contextlib.contextmanager
+def _deferring(io: BackgroundSaves):
+    io.deferring = True
+    try:
+        yield
+    finally:
+        io.deferring = False

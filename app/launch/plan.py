@@ -60,6 +60,8 @@ class Plan:
     layout: Layout | None = None  # default: the registered strategy's layout on ``devices``
     sync_batchnorm: bool = False
     checkpoint_minutes: float | None = None  # last.ckpt every that many minutes of training (None: checkpoints off)
+    checkpoint_background: bool = True  # saves during training written by a thread (--checkpoint.background)
+    local_copy: str | None = None  # the node-local folder of last.ckpt's copy (--checkpoint.local_copy), or None
     max_restarts: int = 0  # --launch.max_restarts (fit only); torch's elastic agent starts the ranks: ``by_agent``
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -182,10 +184,16 @@ class Plan:
             f"resume from  {self.resume or 'nothing (fresh start)'}",
         ]
         if self.checkpoint_minutes:
+            how = "written in the background, " if self.checkpoint_background else ""
             lines.append(
-                f"checkpoint   last.ckpt every {self.checkpoint_minutes:g} min of training, and the one before kept "
-                "(--checkpoint.interval_minutes; a fault loses at most that much)"
+                f"checkpoint   last.ckpt every {self.checkpoint_minutes:g} min of training, {how}and the one before "
+                "kept (--checkpoint.interval_minutes; a fault loses at most that much)"
             )
+            if self.local_copy:
+                lines.append(
+                    f"             and a copy in {self.local_copy}, read first by a restart on this node "
+                    "(--checkpoint.local_copy)"
+                )
         if self.timeout is not None:
             lines.append(f"timeout      ranks wait {self.timeout:g} s for each other (--launch.timeout)")
         if self.hang_timeout is not None and (self.launched_world_size or 1) > 1:

@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from app.checkpoint import local_folder
 from tests.conftest import ROOT, short_fit
 from tests.troubleshooting import assert_documented
 from tools.resume_probe import per_step
@@ -179,11 +180,20 @@ def test_a_rank_dead_at_start_a_hung_rank_and_a_killed_loader_worker_each_heal(
 ):
     """Restarts allowed: 3 (``--launch.max_restarts 3`` under Lightning's launcher, ``torchrun --max-restarts 3``),
     one fault per attempt, all on rank 1: SIGKILLed as it reads its configuration, before the process group forms
-    (attempt 0); asleep mid-epoch 0 until the hang watch ends the attempt (1); a worker of its training DataLoader
-    SIGKILLed mid-epoch 1 (2). The fourth attempt ends the job in one run folder with the uninterrupted run's weights
-    and samples."""
+    (attempt 0); asleep until the hang watch ends the attempt (1): mid-epoch 0 under Lightning's launcher, in
+    ``on_train_start`` under torchrun (the start-up allowance, ``--launch.startup_timeout``); a worker of its training
+    DataLoader SIGKILLed mid-epoch 1 (2). The fourth attempt ends the job in one run folder with the uninterrupted
+    run's weights and samples. The restarts that resume read the node-local copy of ``last.ckpt`` (the launcher
+    restarts in place), which the job removes when it ends."""
     faults = ["--trainer.callbacks+=tools.resume_probe.DieStarting", "--trainer.callbacks.attempt", "0"]
-    faults += [*fault("HangAt", step=6, attempt=1), *fault("KillLoaderWorkerAt", step=FAULT_AT, attempt=2)]
+    if launcher == "torchrun":  # stuck while starting: restart 2 starts from scratch again, nothing was saved
+        faults += ["--trainer.callbacks+=tools.resume_probe.HangIn", "--trainer.callbacks.attempt", "1"]
+        faults += ["--launch.startup_timeout", "20"]
+        hang, resumed = "(--launch.startup_timeout 20: the job is starting).", [3]
+    else:
+        faults += fault("HangAt", step=6, attempt=1)
+        hang, resumed = "(--launch.hang_timeout 10).", [2, 3]
+    faults += fault("KillLoaderWorkerAt", step=FAULT_AT, attempt=2)
     args = job_args(mnist_dir, tmp_path, "--launch.hang_timeout", "10", "--data.num_workers", "1", *faults)
     if launcher == "torchrun":
         args = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--max-restarts", "3", *args]
@@ -194,15 +204,23 @@ def test_a_rank_dead_at_start_a_hung_rank_and_a_killed_loader_worker_each_heal(
     code, out = run(args, tmp_path, timeout=400)
     assert code == 0 and "Traceback" not in out, out[-6000:]
     assert plan in out, out[-6000:]
-    assert "error: hang watch: rank 1 of 2 is stuck" in out, out[-6000:]
+    assert "error: hang watch: rank 1 of 2 is stuck" in out and hang in out, out[-6000:]
     assert f"error: rank 1 (host {socket.gethostname()}): its DataLoader worker (pid " in out, out[-6000:]
     last = tmp_path / "version_0" / "checkpoints" / "last.ckpt"
-    for restart in (2, 3):  # restart 1 started from scratch: nothing was saved when rank 1 died starting
+    if launcher == "torchrun":  # stuck in restart 1 before any save: restart 2 starts over in the same folder
+        assert "resume: nothing saved yet; continuing version_0, which this job started" in out, out[-6000:]
+    for restart in resumed:  # restart 1 started from scratch: nothing was saved when rank 1 died starting
         assert f"resume: {last} (torchrun restart {restart}: the newest last.ckpt of job" in out, out[-6000:]
+    local = local_folder(last.parent) / "last.ckpt"
+    reads = [line for line in out.splitlines() if line.startswith("resume: reading ")]
+    assert reads == [f"resume: reading {local}, the node-local copy of {last} (the same SHA-256)"] * len(resumed), out[
+        -6000:
+    ]
+    assert not local.parent.exists()  # removed when the job ended
     ours, theirs = last_of(tmp_path), last_of(uninterrupted)
     assert ours["global_step"] == EPOCHS * BATCHES
     assert all(torch.equal(ours["state_dict"][k], v) for k, v in theirs["state_dict"].items()), "weights differ"
     for rank in (0, 1):
         assert per_step(tmp_path, rank) == per_step(uninterrupted, rank), rank
     faults_seen = json.loads((tmp_path / "version_0" / "summary.json").read_text())["faults"]
-    assert [f["restart"] for f in faults_seen] == [2, 3], faults_seen
+    assert [f["restart"] for f in faults_seen] == resumed, faults_seen

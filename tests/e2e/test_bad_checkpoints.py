@@ -66,6 +66,15 @@ def test_unusable_checkpoints_stop_before_anything_is_built(trained, mnist_dir, 
     message = refused("fit", *args(trained, mnist_dir, "--ckpt_path", str(truncated)))
     assert str(truncated) in message and "truncated or corrupt" in message
 
+    flipped = tmp_path / "flipped" / "last.ckpt"  # one byte changed on disk: torch would load it, weights damaged
+    flipped.parent.mkdir()
+    shutil.copy(last.with_name("last.ckpt.sha256"), flipped.with_name("last.ckpt.sha256"))
+    damaged = bytearray(good_bytes)
+    damaged[len(damaged) // 2] ^= 0xFF
+    flipped.write_bytes(bytes(damaged))
+    message = refused("fit", *args(trained, mnist_dir, "--ckpt_path", str(flipped)))
+    assert f"{flipped}: not a readable checkpoint; it is truncated or corrupt (its SHA-256 differs" in message
+
     # the configured network differs from the checkpoint's: Lightning would silently train mnist_cnn instead
     message = refused("fit", *args(trained, mnist_dir, "--model.arch", "resnet18", "--ckpt_path", str(last)))
     assert "holds a mnist_cnn network" in message and "--model.arch mnist_cnn" in message

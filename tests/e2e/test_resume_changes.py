@@ -35,21 +35,27 @@ def state(path: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_a_truncated_last_checkpoint_falls_back_to_the_one_before_and_ends_as_if_nothing_happened(mnist_dir, tmp_path):
+def test_a_damaged_last_checkpoint_falls_back_to_the_one_before_and_ends_as_if_nothing_happened(mnist_dir, tmp_path):
+    """One byte of the newest checkpoint flipped on disk: torch alone would load it, damaged weights and all; its
+    SHA-256 no longer matches, so the resume takes the one before. (A truncated file without a checksum:
+    tests/unit/test_checkpoint_resolution.py.)"""
     root = tmp_path / "run"
     fit(root, mnist_dir, 4)  # saves at steps 2 and 4: last.ckpt (4) keeps the one before as last.previous.ckpt (2)
     last, previous = last_of(root), last_of(root).with_name("last.previous.ckpt")
     assert (state(last)["global_step"], state(previous)["global_step"]) == (4, 2)
-    good = last.read_bytes()
-    last.write_bytes(good[: len(good) // 2])  # the disk lost the second half
+    damaged = bytearray(last.read_bytes())
+    damaged[len(damaged) // 2] ^= 0xFF  # a silent disk fault in the middle of the weights
+    last.write_bytes(bytes(damaged))
+    assert state(last)["global_step"] == 4  # it still loads
 
     out = fit(root, mnist_dir, 6, "--ckpt_path", "last")
     (line,) = [line for line in out.splitlines() if line.startswith("warning: resume:")]
-    assert f"{last} (" in line and f"resuming from {previous}, the newest that reads" in line, line
+    assert f"{last} (its SHA-256 differs from the one saved in last.ckpt.sha256)" in line, line
+    assert f"resuming from {previous}, the newest that reads" in line, line
     assert line.endswith("#checkpoint-corrupt"), line  # the link to the page that explains it
     assert f"resume from  {previous} (--ckpt_path last: the newest last.ckpt)" in out, out[-3000:]
     kept = last.with_name("last.ckpt.unreadable")
-    assert kept.read_bytes() == good[: len(good) // 2]  # kept, not deleted, out of the way of the new saves
+    assert kept.read_bytes() == damaged  # kept, not deleted, out of the way of the new saves
     assert state(last)["global_step"] == 6 and sorted(p.name for p in root.iterdir()) == ["version_0"]
 
     reference = tmp_path / "reference"  # the same run, never interrupted

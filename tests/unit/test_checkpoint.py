@@ -49,7 +49,8 @@ def test_failed_save_leaves_the_previous_checkpoint_intact(mnist_dir, tmp_path):
     saved = AtomicCheckpointIO().load_checkpoint(tmp_path / "last.ckpt")
     assert saved["epoch"] == 0 and saved["global_step"] == 2
     files = sorted(p.name for p in tmp_path.iterdir() if p.is_file())
-    assert files == ["epoch=0-step=2.ckpt", "epoch=1-step=4.ckpt", "last.ckpt"]  # no partial file left behind
+    saved = ["epoch=0-step=2.ckpt", "epoch=1-step=4.ckpt", "last.ckpt"]  # and each one's SHA-256; no partial file
+    assert files == sorted(saved + [f"{name}.sha256" for name in saved]), files
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])

@@ -187,3 +187,37 @@ def test_a_requeued_slurm_job_resumes_its_own_newest_checkpoint_hpc_or_last(tmp_
     assert apply(config(tmp_path, None), "fit", slurm(1)).path == hpc
     os.utime(hpc, (1_000, 1_000))
     assert apply(config(tmp_path, None), "fit", slurm(0)).path == hpc  # a fresh job: the preflight refuses it
+
+
+def test_a_restart_with_nothing_saved_continues_the_run_folder_its_job_started(tmp_path):
+    """Rank 1 stuck while the job started: the attempt ended before any checkpoint. The restarted worker group (and a
+    requeued SLURM job) continues the ``version_N`` the job's first attempt started (its ``hparams.yaml`` names the
+    job), not a new one; another job's folder, or one with checkpoints, is not taken."""
+    from core.env import detect
+
+    def started(version: str, key: str, job: str, mtime: int) -> Path:
+        folder = tmp_path / version
+        folder.mkdir()
+        (folder / "hparams.yaml").write_text(f"model:\n  arch: mnist_lenet\nenv:\n  {key}: '{job}'\n")
+        os.utime(folder, (mtime, mtime))
+        return folder
+
+    ours = started("version_0", "torchrun_job", "abc", 1_000)
+    started("version_1", "torchrun_job", "other", 2_000)  # another job's, newer
+    slurm_folder = started("version_2", "slurm_job_id", "77", 500)
+
+    def torchrun(restarts: int, job: str = "abc"):
+        return detect({"TORCHELASTIC_RUN_ID": job, "TORCHELASTIC_RESTART_COUNT": str(restarts), "RANK": "0",
+                       "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "0"})  # fmt: skip
+
+    decision = apply(config(tmp_path, None), "fit", torchrun(1))
+    assert (decision.path, decision.run_folder) == (None, ours), decision
+    assert decision.describe() == "nothing saved yet; continuing version_0, which this job started"
+    assert apply(config(tmp_path, None), "fit", torchrun(0)).run_folder is None  # the first attempt: a new folder
+    assert apply(config(tmp_path, None), "fit", torchrun(1, "new")).run_folder is None
+    saved(ours / "checkpoints" / "epoch=0.ckpt", 3_000)  # a folder with a checkpoint is resumed from, not continued
+    assert apply(config(tmp_path, None), "fit", torchrun(1)).run_folder is None
+
+    env = {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "1", "SLURM_NTASKS": "2", "SLURM_PROCID": "0"}
+    requeued = detect({**env, "SLURM_NNODES": "1", "SLURM_TASKS_PER_NODE": "2", "SLURM_JOB_NODELIST": "n1"})
+    assert apply(config(tmp_path, None), "fit", requeued).run_folder == slurm_folder

@@ -1,0 +1,106 @@
+"""How a checkpoint is written: its SHA-256 beside it (checked by the real ``sha256sum``), a flipped byte found,
+saves in the background that hold the state of their step, and the node-local copy a restart reads first."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+
+import pytest
+import torch
+
+from app.checkpoint import (
+    AtomicCheckpointIO,
+    BackgroundSaves,
+    checksum_problem,
+    local_folder,
+    readable_copy,
+)
+
+
+def flip_a_byte(path) -> None:
+    """A silent disk fault: one byte in the middle of the tensor data changes; the file still loads."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_each_save_writes_a_sha256_that_sha256sum_checks_and_a_flipped_byte_fails_it(tmp_path):
+    io, path = AtomicCheckpointIO(), tmp_path / "last.ckpt"
+    io.save_checkpoint({"w": torch.arange(100_000.0), "step": 1}, path)
+    io.save_checkpoint({"w": torch.arange(100_000.0) * 2, "step": 2}, path)  # the first is kept as last.previous
+    checked = subprocess.run(
+        ["sha256sum", "-c", "last.ckpt.sha256", "last.previous.ckpt.sha256"], cwd=tmp_path, capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert checked.returncode == 0 and checked.stdout == "last.ckpt: OK\nlast.previous.ckpt: OK\n", checked
+    assert torch.load(tmp_path / "last.previous.ckpt", weights_only=True)["step"] == 1
+    assert checksum_problem(path) is None
+
+    flip_a_byte(path)
+    assert torch.load(path, weights_only=True)["step"] == 2  # torch alone would load the damaged weights
+    assert checksum_problem(path) == "its SHA-256 differs from the one saved in last.ckpt.sha256"
+    assert subprocess.run(["sha256sum", "--quiet", "-c", "last.ckpt.sha256"], cwd=tmp_path).returncode == 1
+
+
+class RecordsThread:
+    """Pickled like any checkpoint entry; remembers the thread that wrote it."""
+
+    threads: list[str] = []
+
+    def __reduce__(self):
+        RecordsThread.threads.append(threading.current_thread().name)
+        return int, (0,)
+
+
+def test_a_background_save_is_written_by_another_thread_and_holds_the_state_of_its_step(tmp_path):
+    io, path = BackgroundSaves(AtomicCheckpointIO()), tmp_path / "last.ckpt"
+    weights = torch.zeros(1_000_000)
+    io.deferring = True  # as during training
+    io.save_checkpoint({"w": weights, "who": RecordsThread()}, path)
+    weights.add_(1.0)  # the next optimizer step changes the weights in place while the save may still run
+    io.wait()
+    assert torch.equal(torch.load(path, weights_only=False)["w"], torch.zeros(1_000_000))  # int() stands for it
+    assert RecordsThread.threads and RecordsThread.threads[-1] != threading.current_thread().name
+
+    io.deferring = False  # the save at the end of fit: on disk when the call returns
+    io.save_checkpoint({"w": weights}, path)
+    assert io._pending is None and torch.equal(torch.load(path, weights_only=True)["w"], torch.ones(1_000_000))
+    io.teardown()
+
+
+class Unpicklable:
+    def __reduce__(self):
+        raise OSError("simulated failure in the middle of writing the checkpoint")
+
+
+def test_a_failed_background_save_is_raised_at_the_next_save_and_the_previous_file_stays(tmp_path):
+    io, path = BackgroundSaves(AtomicCheckpointIO()), tmp_path / "last.ckpt"
+    io.save_checkpoint({"step": 1}, path)
+    io.deferring = True
+    io.save_checkpoint({"step": 2, "bad": Unpicklable()}, path)  # returns: the thread fails later
+    with pytest.raises(OSError, match="simulated failure"):
+        io.save_checkpoint({"step": 3}, path)
+    assert torch.load(path, weights_only=True)["step"] == 1 and checksum_problem(path) is None
+    io.teardown()
+
+
+def test_a_restart_on_the_node_reads_the_local_copy_only_while_it_holds_the_same_bytes(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "node"))
+    (tmp_path / "node").mkdir()
+    shared = tmp_path / "shared" / "last.ckpt"
+    io = AtomicCheckpointIO()
+    io.local_copy = True
+    io.save_checkpoint({"step": 1, "w": torch.ones(1000)}, shared)
+    local = local_folder(shared.parent) / "last.ckpt"
+    assert local.parent.parent == tmp_path / "node" / f"dptrain-checkpoints-{__import__('os').getuid()}"
+    assert local.read_bytes() == shared.read_bytes() and readable_copy(shared) == local
+    assert io.load_checkpoint(shared)["step"] == 1
+
+    flip_a_byte(local)  # the node's copy damaged: the shared file is read
+    assert readable_copy(shared) == shared
+    io.save_checkpoint({"step": 2, "w": torch.ones(1000)}, shared)  # a new save replaces both
+    assert readable_copy(shared) == local
+    io.local_copy = False
+    io.save_checkpoint({"step": 3, "w": torch.ones(1000)}, shared)  # the local copy is now older than the shared
+    assert readable_copy(shared) == shared and io.load_checkpoint(shared)["step"] == 3

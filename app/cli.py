@@ -45,6 +45,7 @@ from app.checkpoint import (
     weights_from_checkpoint,
 )
 from app.faults import loader_worker_died
+from app.launch import requeue
 from app.launch.elastic import run_by_agent
 from app.launch.preflight import preflight
 from app.launch.rendezvous import (
@@ -221,7 +222,7 @@ class CLI(LightningCLI):
             weights_from_checkpoint(config)
         if self.subcommand not in (None, "fit") and self._checkpoint is not None:
             evaluation_dirpath(config, self._checkpoint)
-        prepare_loggers(config, self.subcommand, self.decision.path)  # W&B group; resumed run's identity
+        prepare_loggers(config, self.subcommand, self.decision.path, self.decision.run_folder)  # W&B group; identity
         # launcher vs config, before any process group exists; rank 0 prints the plan, every rank stops on a problem
         hang = config.launch.hang_timeout
         if config.launch.debug:
@@ -236,6 +237,8 @@ class CLI(LightningCLI):
         if port := hold_port(self.plan):  # the ranks Lightning starts meet there; no other job can take it
             rank_zero_info(f"rendezvous: port {port} of this host, held for this run until it ends")
         run_by_agent(self.plan)  # --launch.max_restarts: torch's elastic agent runs the ranks; this process ends there
+        if self.plan.launch.launcher == "slurm":  # --launch.max_restarts: a fault requeues the job (any sbatch script)
+            requeue.arm(restarts, Path(self.plan.root_dir))
 
     def instantiate_classes(self) -> None:
         super().instantiate_classes()
@@ -417,4 +420,5 @@ def user_errors_explained() -> Iterator[None]:
         if (line := loader_worker_died(err)) is None:
             raise
         say(line)
+        requeue.after_fault()  # under SLURM with --launch.max_restarts: back in the queue
         raise SystemExit(1) from None

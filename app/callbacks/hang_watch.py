@@ -46,6 +46,7 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from app.launch import requeue
 from core.env import detect, node_name
 from core.errors import with_link
 
@@ -422,6 +423,7 @@ class _Watchdog(threading.Thread):
         except Exception:
             pass
         _kill_local_children()
+        requeue.after_fault()  # under SLURM with --launch.max_restarts: back in the queue
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
@@ -436,6 +438,7 @@ class _Watchdog(threading.Thread):
             flush=True,
         )
         _kill_local_children()
+        requeue.after_fault()
         os._exit(1)
 
 

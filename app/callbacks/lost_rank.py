@@ -13,8 +13,9 @@ import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from app.faults import loader_worker_died
+from app.launch import requeue
 from core.env import detect
-from core.errors import with_link
+from core.errors import say, with_link
 
 # what gloo (and c10d around it) says when the other end of a collective is gone or silent
 PEER_GONE = re.compile(r"closed by peer|reset by peer|broken pipe|timed out|timeout|connection refused", re.IGNORECASE)
@@ -123,8 +124,10 @@ class LostRank(Callback):
         torch_says = torch_message(exception)
         for logger in trainer.loggers:
             logger.finalize("failed")
+        say(self._message(lost, world, how, rank, torch_says))
+        requeue.after_fault()  # under SLURM with --launch.max_restarts: back in the queue
         # raised here, ending the process: the rest of Lightning's teardown would only touch the broken process group
-        raise LostRankError(self._message(lost, world, how, rank, torch_says))
+        raise LostRankError(1)
 
     @staticmethod
     def _dead_children(trainer: Trainer) -> tuple[list[int], str] | None:

@@ -9,13 +9,16 @@ here with the fix spelled out.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_info
 
 from app import run_dir
+from app.checkpoint import local_root
 from app.launch.checks import config_problems, launch_problems, machine_problems
 from app.launch.plan import Plan, device_count
+from app.launch.requeue import SCRIPT_OWNS
 from app.resume import Resume, decide
 from app.strategies.layout import layout_of, strategy_name
 from core.config import get
@@ -74,13 +77,20 @@ def build(
         else None,
         max_restarts=max_restarts,
     )
+    if plan.checkpoint_minutes:
+        plan.checkpoint_background = get(config, "checkpoint", "background") is not False
+        local = get(config, "checkpoint", "local_copy")
+        in_place = plan.by_agent or (launch.launcher == "torchrun" and launch.max_restarts > 0)
+        where = local_root() if (in_place if local is None else local) else None
+        plan.local_copy = str(where) if where is not None else None
     if max_restarts and not plan.by_agent and (why := ignored_restarts(plan)):
         plan.notes.append(f"--launch.max_restarts {max_restarts} ignored: {why}.")
     if max_restarts and launch.launcher == "slurm":
+        by = "the batch script" if os.environ.get(SCRIPT_OWNS) == "script" else "the app (scontrol requeue)"
         plan.notes.append(
-            f"--launch.max_restarts {max_restarts}: the batch script of `python -m tools.slurm submit` requeues the "
-            f"job after a failed step while fewer than {max_restarts} requeues were made ({launch.restart_count} so "
-            "far); the requeued job resumes from its newest checkpoint."
+            f"--launch.max_restarts {max_restarts}: a fault requeues the job, done by {by}, while fewer than "
+            f"{max_restarts} requeues were made ({launch.restart_count} so far); the requeued job resumes from its "
+            "newest checkpoint. Your sbatch script needs --requeue (and --open-mode=append to keep each attempt's log)."
         )
     plan.problems += launch_problems(plan) + config_problems(config)
     return plan

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ import torch
 from lightning.pytorch import Callback
 
 from app.callbacks import SLURMRequeue
-from tests.slurm.conftest import ROOT, job_info, skip_or_fail, submit, wait_job
+from tests.slurm.conftest import ROOT, free_port, job_info, skip_or_fail, submit, wait_job
 from tests.wandb_reader import offline_runs, requires_wandb
 from tools.resume_probe import per_step
 
@@ -174,6 +175,53 @@ def test_four_faults_in_turn_each_requeue_the_job_which_ends_as_the_uninterrupte
         assert f"(SLURM requeue {restart}: the newest checkpoint of job " in log, log[-4000:]
     uninterrupted_root = uninterrupted[0]
     assert final_step(tmp_path) == final_step(uninterrupted_root) == EPOCHS * BATCHES
+    ours, theirs = (last_weights(root) for root in (tmp_path, uninterrupted_root))
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs), "the requeued job's weights differ"
+    for rank in (0, 1):
+        assert per_step(tmp_path, rank) == per_step(uninterrupted_root, rank), rank
+
+
+def test_your_own_sbatch_script_with_requeue_is_requeued_by_the_app_after_a_hang(
+    slurm_env, mnist_dir, tmp_path, uninterrupted
+):
+    """A batch script of the user's own (``#SBATCH --requeue``, a plain ``srun python cli.py fit ...
+    --launch.max_restarts 2``, no requeue logic of its own): rank 1 asleep mid-epoch 2 in the first attempt, then
+    SIGKILLed later in epoch 2 in the second; the hang watch ends the step, then the survivor names the lost rank,
+    and each time the app requeues the job (``scontrol requeue``, one line). The third attempt resumes its newest
+    checkpoint and ends as the uninterrupted job, bit for bit, in one run folder."""
+    probe = "--trainer.callbacks+=tools.resume_probe."
+    args = [*fit_args(mnist_dir, tmp_path), f"{probe}HangAt", "--trainer.callbacks.step", "150"]
+    args += ["--trainer.callbacks.attempt", "0", "--launch.max_restarts", "2", "--launch.hang_timeout", "10"]
+    args += [f"{probe}SignalAt", "--trainer.callbacks.step", "170", "--trainer.callbacks.rank", "1"]
+    args += ["--trainer.callbacks.sigkill", "true", "--trainer.callbacks.attempt", "1"]
+    args += ["--checkpoint.every_n_train_steps", "20", "--trainer.devices", "2", "--trainer.accelerator", "cpu"]
+    script = tmp_path / "mine.sh"
+    script.write_text(
+        "\n".join([
+            "#!/bin/bash", "#SBATCH --nodes=1", "#SBATCH --ntasks-per-node=2", "#SBATCH --time=10:00",
+            "#SBATCH --requeue", "#SBATCH --open-mode=append", f"#SBATCH --output={tmp_path}/mine-%j.out",
+            f"#SBATCH --chdir={ROOT}", f"srun {shlex.join([sys.executable, str(ROOT / 'cli.py'), *args])}", "",
+        ])
+    )  # fmt: skip
+    env = {**slurm_env, "MASTER_PORT": str(free_port())}
+    out = subprocess.run(["sbatch", "--parsable", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    job = out.stdout.strip().split(";")[0]
+    info = wait_job(slurm_env, job)
+    log = (tmp_path / f"mine-{job}.out").read_text()
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "2", (info, log[-4000:])
+    assert "error: hang watch: rank 1 of 2 is stuck" in log and "error: lost rank 1 of 2" in log, log[-4000:]
+    requeued = [line for line in log.splitlines() if line.startswith("SLURM: requeue ")]
+    assert requeued == [
+        f"SLURM: requeue {n} of 2 (scontrol requeue {job}, --launch.max_restarts): the job goes back in the queue and "
+        "resumes from its newest checkpoint. The line above names the node of the fault; keep the job off it with "
+        "sbatch --exclude NODE."
+        for n in (1, 2)
+    ], log[-4000:]
+    for n in (1, 2):
+        assert f"(SLURM requeue {n}: the newest checkpoint of job {job})" in log, log[-4000:]
+    uninterrupted_root = uninterrupted[0]
+    assert final_step(tmp_path) == EPOCHS * BATCHES
     ours, theirs = (last_weights(root) for root in (tmp_path, uninterrupted_root))
     assert all(torch.equal(ours[k], theirs[k]) for k in theirs), "the requeued job's weights differ"
     for rank in (0, 1):

@@ -11,9 +11,10 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
+from app.launch import requeue
 from app.launch.plan import Plan
 from core.env import Launch, main_address
-from core.errors import with_link
+from core.errors import say, with_link
 
 _held: socket.socket | None = None  # the port hold_port keeps bound for this process's run
 
@@ -112,7 +113,12 @@ def rendezvous_errors_explained(plan: Plan | None) -> Iterator[None]:
 
         if not isinstance(err, getattr(dist, "DistError", ())) or "imed out" not in str(err) or plan is None:
             raise
-        sys.exit(with_link(_explain(err, plan), "rendezvous-timeout"))
+        message = with_link(_explain(err, plan), "rendezvous-timeout")
+        if not requeue.armed():
+            sys.exit(message)
+        say(message)  # a rank that died as the job started: under SLURM with --launch.max_restarts, requeue
+        requeue.after_fault()
+        raise SystemExit(1) from None
 
 
 def _explain(err: Exception, plan: Plan) -> str:

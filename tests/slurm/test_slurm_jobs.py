@@ -181,19 +181,21 @@ def test_four_faults_in_turn_each_requeue_the_job_which_ends_as_the_uninterrupte
         assert per_step(tmp_path, rank) == per_step(uninterrupted_root, rank), rank
 
 
-def test_your_own_sbatch_script_with_requeue_is_requeued_by_the_app_after_a_hang(
+def test_your_own_sbatch_script_with_requeue_is_requeued_by_the_app_after_each_fault(
     slurm_env, mnist_dir, tmp_path, uninterrupted
 ):
     """A batch script of the user's own (``#SBATCH --requeue``, a plain ``srun python cli.py fit ...
-    --launch.max_restarts 2``, no requeue logic of its own): rank 1 asleep mid-epoch 2 in the first attempt, then
-    SIGKILLed later in epoch 2 in the second; the hang watch ends the step, then the survivor names the lost rank,
-    and each time the app requeues the job (``scontrol requeue``, one line). The third attempt resumes its newest
-    checkpoint and ends as the uninterrupted job, bit for bit, in one run folder."""
+    --launch.max_restarts 3``, no requeue logic of its own), one fault per attempt on rank 1: SIGKILLed as it starts
+    (rank 0 waits ``--launch.timeout`` at the rendezvous, then says who is missing), asleep mid-epoch 2 (the hang
+    watch ends the step), SIGKILLed later in epoch 2 (the survivor names the lost rank). Each time the app requeues the
+    job (``scontrol requeue``, one line); the fourth attempt resumes its newest checkpoint and ends as the
+    uninterrupted job, bit for bit, in one run folder."""
     probe = "--trainer.callbacks+=tools.resume_probe."
-    args = [*fit_args(mnist_dir, tmp_path), f"{probe}HangAt", "--trainer.callbacks.step", "150"]
-    args += ["--trainer.callbacks.attempt", "0", "--launch.max_restarts", "2", "--launch.hang_timeout", "10"]
+    args = [*fit_args(mnist_dir, tmp_path), f"{probe}DieStarting", "--trainer.callbacks.attempt", "0"]
+    args += [f"{probe}HangAt", "--trainer.callbacks.step", "150", "--trainer.callbacks.attempt", "1"]
     args += [f"{probe}SignalAt", "--trainer.callbacks.step", "170", "--trainer.callbacks.rank", "1"]
-    args += ["--trainer.callbacks.sigkill", "true", "--trainer.callbacks.attempt", "1"]
+    args += ["--trainer.callbacks.sigkill", "true", "--trainer.callbacks.attempt", "2"]
+    args += ["--launch.max_restarts", "3", "--launch.hang_timeout", "10", "--launch.timeout", "30"]
     args += ["--checkpoint.every_n_train_steps", "20", "--trainer.devices", "2", "--trainer.accelerator", "cpu"]
     script = tmp_path / "mine.sh"
     script.write_text(
@@ -209,16 +211,17 @@ def test_your_own_sbatch_script_with_requeue_is_requeued_by_the_app_after_a_hang
     job = out.stdout.strip().split(";")[0]
     info = wait_job(slurm_env, job)
     log = (tmp_path / f"mine-{job}.out").read_text()
-    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "2", (info, log[-4000:])
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "3", (info, log[-4000:])
+    assert "error: the ranks did not all meet within 30 s (--launch.timeout): rank 0 waited" in log, log[-4000:]
     assert "error: hang watch: rank 1 of 2 is stuck" in log and "error: lost rank 1 of 2" in log, log[-4000:]
     requeued = [line for line in log.splitlines() if line.startswith("SLURM: requeue ")]
     assert requeued == [
-        f"SLURM: requeue {n} of 2 (scontrol requeue {job}, --launch.max_restarts): the job goes back in the queue and "
+        f"SLURM: requeue {n} of 3 (scontrol requeue {job}, --launch.max_restarts): the job goes back in the queue and "
         "resumes from its newest checkpoint. The line above names the node of the fault; keep the job off it with "
         "sbatch --exclude NODE."
-        for n in (1, 2)
+        for n in (1, 2, 3)
     ], log[-4000:]
-    for n in (1, 2):
+    for n in (2, 3):  # requeue 1 started from scratch: nothing was saved when rank 1 died starting
         assert f"(SLURM requeue {n}: the newest checkpoint of job {job})" in log, log[-4000:]
     uninterrupted_root = uninterrupted[0]
     assert final_step(tmp_path) == EPOCHS * BATCHES

@@ -224,6 +224,7 @@ class _Watchdog(threading.Thread):
     def run(self) -> None:
         try:
             self.store = self._connect()
+            self._publish()  # at once: a rank that dies or sticks in its first interval is known, with its node
         except Exception:  # no store to reach (an unusual rendezvous): the job runs unwatched
             return
         seen, last_move, answered = {}, time.monotonic(), False
@@ -440,6 +441,21 @@ class _Watchdog(threading.Thread):
         _kill_local_children()
         requeue.after_fault()
         os._exit(1)
+
+
+def hosts_of(ranks: list[int]) -> dict[int, str]:
+    """The node each of ``ranks`` named in its hang watch's last beat (``SLURMD_NODENAME`` or the host name), read
+    from the job's store: for the line about a lost rank, which cannot say it itself. Empty when unknown (no watch
+    yet, the watch off, the store gone)."""
+    try:
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("SLURM_RESTART_COUNT") or "0"
+        host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        client = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=5))
+        store = dist.PrefixStore(f"{PREFIX}/{attempt}", client)
+        beats = {r: store.get(f"beat/{r}").decode().split() for r in ranks if store.check([f"beat/{r}"])}
+        return {r: fields[5] for r, fields in beats.items() if len(fields) > 5}
+    except Exception:
+        return {}
 
 
 def _starting(beats: Any, world: int) -> bool:

@@ -12,9 +12,10 @@ import time
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from app.callbacks.hang_watch import hosts_of
 from app.faults import loader_worker_died
 from app.launch import requeue
-from core.env import detect
+from core.env import detect, node_name
 from core.errors import say, with_link
 
 # what gloo (and c10d around it) says when the other end of a collective is gone or silent
@@ -140,7 +141,9 @@ class LostRank(Callback):
                 return None
             time.sleep(0.05)
         codes = ", ".join(f"rank {r} pid {procs[r - 1].pid} exit {code}" for r, code in dead.items())
-        return list(dead), f"{codes}; a negative exit is the signal that ended it, -9 = SIGKILL, e.g. the OOM killer"
+        return list(dead), (
+            f"on {node_name()}: {codes}; a negative exit is the signal that ended it, -9 = SIGKILL, e.g. the OOM killer"
+        )
 
     def _roll_call(self, rank: int, world: int) -> tuple[list[int], str]:
         prefix = f"app/lost_rank/{self._failures}"
@@ -161,12 +164,14 @@ class LostRank(Callback):
             return [0], f"its process hosted the rendezvous store at {where}, which no longer answers"
         if not missing:
             return [], "every rank answered the roll call, so the failure was in the network between them"
+        hosts = sorted(set(hosts_of(missing).values()))  # the node to keep the job off (sbatch --exclude)
+        where = f"on {', '.join(hosts)}: " if hosts else ""
         # with the hang watch on (app.callbacks.hang_watch: its timeouts are inside the collective's), a rank alive but
         # stuck is named by it before any collective times out; it does not see a rank before that rank's watch
         # started (rank 0 still in its DataModule's setup), nor a run with it off
         return missing, (
-            f"no answer within {self.roll_call_s:g} s after the collective failed: it died, or it is alive but stuck "
-            "where the hang watch does not look (before its own watch started, or with "
+            f"{where}no answer within {self.roll_call_s:g} s after the collective failed: it died, or it is alive but "
+            "stuck where the hang watch does not look (before its own watch started, or with "
             "`--launch.hang_timeout 0`)"
         )
 

@@ -30,6 +30,7 @@ import torch
 from lightning.pytorch import Callback
 
 from app.callbacks.sigterm import EXIT_CODE
+from core.env import node_name
 from tests.conftest import ROOT, short_fit
 from tests.troubleshooting import assert_documented
 from tools.resume_probe import children, loader_workers
@@ -221,7 +222,7 @@ def test_ddp_sigterm_then_resume_then_a_killed_rank_is_named(mnist_dir, tmp_path
     print(f"\nrank 1 SIGKILLed: rank 0 exited {code} after {seconds:.1f} s: {said}")
     # whichever notices first, the failed collective or Lightning's launcher polling its children, says it this way
     assert code == 1 and len(said) == 1 and "Traceback" not in out, out[-4000:]
-    assert said[0].startswith(f"error: lost rank 1 of 2 (rank 1 pid {rank1_pid} exit -9;"), said
+    assert said[0].startswith(f"error: lost rank 1 of 2 (on {node_name()}: rank 1 pid {rank1_pid} exit -9;"), said
     assert_documented(out, "lost-rank")  # ends with the link to its section, as docs/troubleshooting.md quotes it
     assert seconds < WELL_INSIDE, f"rank 0 took {seconds:.1f} s to exit; --launch.timeout is {LAUNCH_TIMEOUT} s"
     nothing_left(job.pid)

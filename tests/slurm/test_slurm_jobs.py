@@ -213,7 +213,8 @@ def test_your_own_sbatch_script_with_requeue_is_requeued_by_the_app_after_each_f
     log = (tmp_path / f"mine-{job}.out").read_text()
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "3", (info, log[-4000:])
     assert "error: the ranks did not all meet within 30 s (--launch.timeout): rank 0 waited" in log, log[-4000:]
-    assert "error: hang watch: rank 1 of 2 is stuck" in log and "error: lost rank 1 of 2" in log, log[-4000:]
+    assert "error: hang watch: rank 1 of 2 is stuck" in log, log[-4000:]
+    assert "error: lost rank 1 of 2 (on n1: no answer" in log, log[-4000:]  # the node to --exclude
     requeued = [line for line in log.splitlines() if line.startswith("SLURM: requeue ")]
     assert requeued == [
         f"SLURM: requeue {n} of 3 (scontrol requeue {job}, --launch.max_restarts): the job goes back in the queue and "

@@ -214,8 +214,8 @@ def file_checksum(path: Path) -> str:
     return digest.hexdigest()
 
 
-# (path, size, mtime) -> whether its bytes matched its checksum: a resume asks once per process, not once per reader
-_CHECKED: dict[tuple[str, int, int], bool] = {}
+# (path, size, mtime, recorded checksum) -> whether the bytes match it: a resume asks once per process, not per reader
+_CHECKED: dict[tuple[str, int, int, str], bool] = {}
 
 
 def checksum_problem(path: Path) -> str | None:
@@ -225,7 +225,7 @@ def checksum_problem(path: Path) -> str | None:
     if recorded is None:
         return None
     stat = path.stat()
-    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, recorded)
     if key not in _CHECKED:
         _CHECKED[key] = file_checksum(path) == recorded
     return None if _CHECKED[key] else f"its SHA-256 differs from the one saved in {checksum_path(path).name}"

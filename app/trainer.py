@@ -36,3 +36,18 @@ class Trainer(LightningTrainer):
             failure = self.strategy.broadcast(failure, src=0)
         if failure:
             raise DiskFullError(failure)
+
+    def wait_for_saves(self) -> None:
+        """Every rank waits until rank 0's save in flight (written in the background) is on disk, and stops with its
+        failure as :meth:`save_checkpoint` does: after it, any rank may read every checkpoint of the run."""
+        failure = None
+        wait = getattr(self.strategy.checkpoint_io, "wait", None)
+        try:
+            if self.is_global_zero and callable(wait):
+                wait()
+        except DiskFullError as err:
+            failure = str(err.code)
+        self.strategy.barrier("Trainer.wait_for_saves")
+        failure = self.strategy.broadcast(failure, src=0)
+        if failure:
+            raise DiskFullError(failure)

@@ -131,10 +131,16 @@ class ModelCheckpoint(callbacks.ModelCheckpoint):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
         else:
             super().on_train_end(trainer, pl_module)
+        if isinstance(trainer.strategy.checkpoint_io, BackgroundSaves) and hasattr(trainer, "wait_for_saves"):
+            trainer.wait_for_saves()  # the best checkpoint, saved in the background, is on disk for every rank's test
 
     @override
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         self._stop_watching(trainer, finished=False)
+        io = trainer.strategy.checkpoint_io
+        if isinstance(io, BackgroundSaves):  # the save in flight completes before this process goes on or ends
+            with contextlib.suppress(Exception):
+                io.wait()
         super().on_exception(trainer, pl_module, exception)
 
     def _stop_watching(self, trainer, finished: bool) -> None:

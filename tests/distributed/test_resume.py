@@ -18,6 +18,7 @@ import json
 import pickle
 import random
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -84,6 +85,18 @@ def _probe(cli) -> list[dict[str, str] | None]:
     return probe.at_second_epoch
 
 
+def written(checkpoint: Path, timeout: float = 60) -> None:
+    """Until ``checkpoint`` and its SHA-256 are on disk and agree. Rank 0 writes the epoch's checkpoint in the
+    background and, on the crash, finishes it before its process goes on; the other ranks did not wait for it (a crash
+    is no point where ranks meet), so in this one-process-per-rank harness they wait for the file itself."""
+    from app.checkpoint import checksum_problem, recorded_checksum
+
+    deadline = time.monotonic() + timeout
+    while not (checkpoint.is_file() and recorded_checksum(checkpoint) and checksum_problem(checkpoint) is None):
+        assert time.monotonic() < deadline, f"{checkpoint} not written within {timeout:g} s"
+        time.sleep(0.1)
+
+
 def common_args(root: Path, data_dir: str) -> list[str]:
     return [
         *short_fit(root, data_dir, 4, 2, epochs=2, batch_size=8),
@@ -101,6 +114,7 @@ def three_legs(workdir: Path, data_dir: str, extra: list[str]) -> dict:
     with pytest.raises(SimulatedCrash):
         main(["fit", *common_args(workdir / "crashed", data_dir), *extra, f"--trainer.callbacks+={CRASH}"])
     checkpoint = workdir / "crashed" / "version_0" / "checkpoints" / "last.ckpt"
+    written(checkpoint)
     saved = torch.load(checkpoint, weights_only=True)
     resumed = main(["fit", *common_args(workdir / "crashed", data_dir), *extra, "--ckpt_path", "last"])
     a, b = full.model.state_dict(), resumed.model.state_dict()

@@ -16,7 +16,9 @@ class Trainer(LightningTrainer):
     Only rank 0 writes a checkpoint, while the others wait at the barrier that follows. When rank 0's save finds
     the disk full, Lightning's version would end rank 0 with a traceback, and the waiting ranks would then see a
     peer that vanished (and report rank 0 as lost). Here rank 0 joins the barrier anyway and tells every rank
-    (one small broadcast per save), so each stops with the same :class:`DiskFullError` line.
+    (one small broadcast per save), so each stops with the same :class:`DiskFullError` line. A save written in the
+    background (:class:`app.checkpoint.BackgroundSaves`) reports its failure at the next save, or at
+    :meth:`wait_for_saves` at the end of ``fit``.
     """
 
     def save_checkpoint(
@@ -24,30 +26,26 @@ class Trainer(LightningTrainer):
     ) -> None:
         if self.model is None:  # Lightning's own check, which the body below replaces
             return super().save_checkpoint(filepath, weights_only, storage_options)
-        failure = None
         # Lightning's Trainer.save_checkpoint, with the failure of rank 0's save shared after the barrier
         with self.profiler.profile("save_checkpoint"):
             checkpoint = self._checkpoint_connector.dump_checkpoint(weights_only)
-            try:
-                self.strategy.save_checkpoint(checkpoint, filepath, storage_options=storage_options)
-            except DiskFullError as err:
-                failure = str(err.code)
-            self.strategy.barrier("Trainer.save_checkpoint")
-            failure = self.strategy.broadcast(failure, src=0)
-        if failure:
-            raise DiskFullError(failure)
+            self._together("Trainer.save_checkpoint", self.strategy.save_checkpoint, checkpoint, filepath,
+                           storage_options=storage_options)  # fmt: skip
 
     def wait_for_saves(self) -> None:
         """Every rank waits until rank 0's save in flight (written in the background) is on disk, and stops with its
         failure as :meth:`save_checkpoint` does: after it, any rank may read every checkpoint of the run."""
-        failure = None
         wait = getattr(self.strategy.checkpoint_io, "wait", None)
+        self._together("Trainer.wait_for_saves", wait if self.is_global_zero and callable(wait) else lambda: None)
+
+    def _together(self, name: str, action: Any, *args: Any, **kwargs: Any) -> None:
+        """``action`` (rank 0's write), then every rank meets at a barrier and stops with its :class:`DiskFullError`."""
+        failure = None
         try:
-            if self.is_global_zero and callable(wait):
-                wait()
+            action(*args, **kwargs)
         except DiskFullError as err:
             failure = str(err.code)
-        self.strategy.barrier("Trainer.wait_for_saves")
+        self.strategy.barrier(name)
         failure = self.strategy.broadcast(failure, src=0)
         if failure:
             raise DiskFullError(failure)

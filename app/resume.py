@@ -204,11 +204,12 @@ def _newest_readable(candidates: list[Path], trust: bool, wanted=lambda path, st
     passed over, with torch's reason."""
     passed: list[tuple[Path, str]] = []
     for path in candidates:
-        if problem := checksum_problem(readable_copy(path)):  # bytes changed since the save: truncated or flipped
+        source = readable_copy(path)  # the node-local copy when it holds the same bytes
+        if problem := checksum_problem(source):  # bytes changed since the save: truncated or flipped
             passed.append((path, problem))
             continue
         try:
-            state = load_on_cpu(readable_copy(path), weights_only=not trust)
+            state = load_on_cpu(source, weights_only=not trust)
         except pickle.UnpicklingError as err:
             if "GLOBAL" in str(err):  # pickled code, not a damaged file: the Trainer's load refuses it, naming the fix
                 return Resume(path, "", passed_over=passed)

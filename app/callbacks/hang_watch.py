@@ -211,15 +211,11 @@ class _Watchdog(threading.Thread):
         self.silent_after = max(3 * self.interval, 3.0)  # a rank whose beats stopped this long does not answer
         self.host, self.pid = node_name(), os.getpid()
         self.main = threading.main_thread()
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("SLURM_RESTART_COUNT") or "0"
-        self.prefix = f"{PREFIX}/{attempt}"
         self.store: Any = None
         self.beat = 0
 
     def _connect(self) -> Any:
-        host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-        store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=max(10, self.silent_after)))
-        return dist.PrefixStore(self.prefix, store)
+        return watch_store(max(10, self.silent_after))
 
     def run(self) -> None:
         try:
@@ -443,15 +439,21 @@ class _Watchdog(threading.Thread):
         os._exit(1)
 
 
+def watch_store(timeout_s: float) -> Any:
+    """A client of the job's store (at ``MASTER_ADDR:MASTER_PORT``) under this attempt's hang-watch prefix: where
+    every rank's watch publishes its beats."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("SLURM_RESTART_COUNT") or "0"
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    client = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
+    return dist.PrefixStore(f"{PREFIX}/{attempt}", client)
+
+
 def hosts_of(ranks: list[int]) -> dict[int, str]:
     """The node each of ``ranks`` named in its hang watch's last beat (``SLURMD_NODENAME`` or the host name), read
     from the job's store: for the line about a lost rank, which cannot say it itself. Empty when unknown (no watch
     yet, the watch off, the store gone)."""
     try:
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("SLURM_RESTART_COUNT") or "0"
-        host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-        client = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=5))
-        store = dist.PrefixStore(f"{PREFIX}/{attempt}", client)
+        store = watch_store(5)
         beats = {r: store.get(f"beat/{r}").decode().split() for r in ranks if store.check([f"beat/{r}"])}
         return {r: fields[5] for r, fields in beats.items() if len(fields) > 5}
     except Exception:

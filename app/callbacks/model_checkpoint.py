@@ -91,7 +91,7 @@ class ModelCheckpoint(callbacks.ModelCheckpoint):
         super().setup(trainer, pl_module, stage)
         self._ending = False
         io = trainer.strategy.checkpoint_io
-        atomic = io.checkpoint_io if isinstance(io, BackgroundSaves) else io
+        atomic = _atomic(io)
         if stage != "fit" or not isinstance(atomic, AtomicCheckpointIO):
             return
         restarts_in_place = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS") or 0) > 0
@@ -102,10 +102,9 @@ class ModelCheckpoint(callbacks.ModelCheckpoint):
     @override
     def teardown(self, trainer, pl_module, stage: str) -> None:
         super().teardown(trainer, pl_module, stage)
-        io = trainer.strategy.checkpoint_io
-        atomic = io.checkpoint_io if isinstance(io, BackgroundSaves) else io
+        local = getattr(_atomic(trainer.strategy.checkpoint_io), "local_copy", False)
         finished = self._ending and not trainer.interrupted  # training ended (not an exception): nothing restarts
-        if stage == "fit" and finished and getattr(atomic, "local_copy", False) and trainer.is_global_zero:
+        if stage == "fit" and finished and local and trainer.is_global_zero:
             remove_local_copies(Path(self.dirpath))
 
     @override
@@ -195,6 +194,11 @@ class ModelCheckpoint(callbacks.ModelCheckpoint):
         if state_dict.get("dirpath"):
             state_dict = {**state_dict, "dirpath": os.path.realpath(os.path.expanduser(state_dict["dirpath"]))}
         super().load_state_dict(state_dict)
+
+
+def _atomic(io: Any) -> Any:
+    """The run's checkpoint I/O under the background wrapper, if any."""
+    return io.checkpoint_io if isinstance(io, BackgroundSaves) else io
 
 
 @contextlib.contextmanager

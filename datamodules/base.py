@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from core.batch import BatchPlan, resolve_batch
 from core.env import Launch, detect
-from datamodules.resident import ResidentTensors, whole_batch
+from datamodules.resident import ResidentTensors, quiet_the_worker_hint, whole_batch
 from datamodules.resumable import ResumableLoader, ResumableSampler, SeededDataset, ignore_sigint
 
 Workers = int | Literal["auto"]  # --data.num_workers 4, or auto (see auto_workers)
@@ -214,6 +214,7 @@ class ImageDataModule(LightningDataModule):
         resident = isinstance(dataset, ResidentTensors)  # held on the device: one indexing per batch, no workers
         if resident:
             kwargs = dict(collate_fn=whole_batch, **kwargs)
+            quiet_the_worker_hint()
         workers = 0 if resident else self.num_workers
         common = dict(
             batch_size=self.batch_size,

@@ -15,10 +15,12 @@ neither torchdata nor litdata keeps a split as device tensors.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from typing import Literal
 
 import torch
+from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from torch.utils.data import Dataset
 
 from core.errors import UserError
@@ -58,6 +60,20 @@ class ResidentTensors(Dataset):
 
     def to(self, device: torch.device) -> ResidentTensors:
         return ResidentTensors(*(t.to(device) for t in self.tensors), indices=self.indices)
+
+
+def quiet_the_worker_hint() -> None:
+    """Lightning's "does not have many workers" hint, silenced once the data is resident.
+
+    Lightning gives it for every loader with fewer than 2 workers on a machine with more than 2 CPUs; a resident
+    split has no per-sample work a worker could take, so the hint would ask for workers that are refused
+    (``--data.resident true`` with workers) or would turn the resident path off (``auto``). Lightning has no per-loader
+    switch for it: its docs filter the message (advanced/warnings), which stays shown for the per-sample path of any
+    other run of this process until one goes resident.
+    """
+    warnings.filterwarnings(
+        "ignore", message=r"The '\w+_dataloader' does not have many workers", category=PossibleUserWarning
+    )
 
 
 def whole_batch(batch: list[torch.Tensor]) -> list[torch.Tensor]:

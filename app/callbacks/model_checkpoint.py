@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch import callbacks
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
@@ -21,10 +22,11 @@ INTERVAL = "interval_save"  # the agreement's flag: rank 0's interval has elapse
 class ModelCheckpoint(callbacks.ModelCheckpoint):
     """Lightning's ``ModelCheckpoint``; a checkpoint saved under a relative run folder reloads without a warning.
 
-    Lightning stores ``dirpath`` as it was resolved when the run started (``runs/mnist/version_0/checkpoints`` for
-    the default relative run folder) but compares it, when the checkpoint is loaded, with its own ``realpath``-ed
-    ``dirpath``: the same folder then reads as "the dirpath has changed" and the best-model state is dropped. The
-    saved folder is resolved the same way before Lightning compares them.
+    Lightning resolves ``dirpath`` at setup from the logger (``runs/mnist/version_0/checkpoints`` for the default
+    relative run folder) and saves it in the checkpoint, but ``realpath``s a ``dirpath`` given to ``__init__``; when a
+    checkpoint is loaded (``--test_after_fit best``, ``--ckpt_path``) the two spellings of one folder read as "The
+    dirpath has changed" and the best-model state is dropped. Here the folder is made absolute at setup, and a saved
+    one (also a relative one of an older checkpoint) is resolved the same way before Lightning compares them.
 
     ``last.ckpt`` is the state training ended in. Lightning writes it at the end of ``fit`` only when the run wrote
     none yet: with ``--checkpoint.every_n_train_steps N`` (which switches off the end-of-epoch saves) the last one
@@ -89,6 +91,8 @@ class ModelCheckpoint(callbacks.ModelCheckpoint):
     @override
     def setup(self, trainer, pl_module, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
+        if self.dirpath and _is_local_file_protocol(self.dirpath):  # one spelling of the folder: the docstring's
+            self.dirpath = os.path.realpath(os.path.expanduser(self.dirpath))
         self._ending = False
         io = trainer.strategy.checkpoint_io
         atomic = _atomic(io)

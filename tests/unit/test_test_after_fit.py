@@ -3,8 +3,10 @@ over the run's own length, and a OneCycle shorter than the run is refused before
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
+import lightning.fabric.utilities.data
 import pytest
 
 from app.cli import main
@@ -63,3 +65,28 @@ def test_onecycle_names_what_it_cannot_schedule_and_an_unused_optimizer_lr(mnist
         "lr_scheduler OneCycleLR sets the learning rate from its max_lr 0.01: the optimizer's lr 0.05 is not used. "
         "To change the peak learning rate: --model.lr_scheduler.init_args.max_lr 0.05"
     ]
+
+
+def test_the_demo_says_nothing_a_user_cannot_act_on(mnist_dir, tmp_path, monkeypatch):
+    """``make demo`` (``cli.py fit --test_after_fit best``, the default relative run folder): no hint that more loader
+    workers would help while the data is resident, and the best checkpoint reloads without "The dirpath has changed".
+
+    Lightning gives the worker hint only on a machine with more than 2 CPUs, so it is told the 16 of the GPU node
+    the demo ran on; the same fit on the per-sample path first shows that this test sees the hint when it is given.
+    """
+    monkeypatch.chdir(tmp_path)  # runs/mnist, relative, as in a checkout
+    monkeypatch.setattr(lightning.fabric.utilities.data, "_num_cpus_available", lambda: 16)
+    short = ["--data.data_dir", str(mnist_dir), "--trainer.limit_train_batches", "4", "--trainer.limit_val_batches",
+             "2", "--trainer.limit_test_batches", "2", "--trainer.accelerator", "cpu"]  # fmt: skip
+
+    def said(*args: str) -> list[str]:
+        with warnings.catch_warnings(record=True) as caught:  # also takes back the filter a resident run installs
+            warnings.simplefilter("always")
+            main(["fit", *short, *args])
+        return [str(w.message) for w in caught]
+
+    per_sample = said("--data.resident", "false", "--data.num_workers", "0", "--trainer.default_root_dir", "other")
+    assert [m for m in per_sample if "does not have many workers" in m]
+    demo = said("--test_after_fit", "best")
+    assert not [m for m in demo if "does not have many workers" in m or "dirpath has changed" in m], demo
+    assert (tmp_path / "runs" / "mnist" / "version_0" / "checkpoints" / "last.ckpt").is_file()

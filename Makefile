@@ -1,10 +1,10 @@
 # `make demo`: set up and train MNIST with the default config, then test it on the official test set (one process).
+# `make demo TORCH=cu126` (or cu128, cpu): the same with another PyTorch build (TORCH below).
 # `make test`: set up and run the whole test suite. `make check`: lint + the fast tier (docs/development.md).
 # `make docs`: build the documentation site into site/ (strict: a broken link or anchor fails); `make docs-serve`.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 # test workers (pytest-xdist; tests/conftest.py groups them): 2 fits this 2-core machine, 0 runs in this process
 TEST_WORKERS ?= 2
@@ -12,10 +12,26 @@ TEST_WORKERS ?= 2
 .PHONY: venv demo test check lint clean slurm-up slurm-down update-pins gpu-wheels gpu-check test-compat docs \
 	docs-serve docs-screenshots sabotage mutation
 
+# The PyTorch build, one variable: `make demo TORCH=cu126`. cu130 (the default: PyPI's torch, CUDA 13.0, NVIDIA driver
+# >= 580), cu128 or cu126 (CUDA 12.x, driver >= 525), cpu (no CUDA). Another build than the default comes from
+# PyTorch's own wheel index (download.pytorch.org/whl/<build>); .venv remembers its build, so a later `make test`
+# keeps it, and asking for another one replaces torch and torchvision.
+TORCH_DEFAULT := cu130
+TORCH_BUILDS := cu130 cu128 cu126 cpu
+TORCH ?= $(or $(patsubst $(VENV)/.installed-%,%,$(firstword $(wildcard $(addprefix $(VENV)/.installed-,$(TORCH_BUILDS))))),$(TORCH_DEFAULT))
+STAMP := $(VENV)/.installed-$(TORCH)
+OTHER_BUILDS := $(filter-out $(STAMP),$(wildcard $(addprefix $(VENV)/.installed-,$(TORCH_BUILDS))))
+TORCH_WHEELS := --extra-index-url https://download.pytorch.org/whl/$(TORCH)
+# torch and torchvision at constraints.txt's versions, of that build: torch==2.14.1+cu126
+TORCH_PINS := $(shell sed -n 's/^\(torch\|torchvision\)==\(.*\)$$/\1==\2+$(TORCH)/p' constraints.txt)
+
 # The tested set of every package (constraints.txt), so that `make test` tomorrow installs what passed today.
 $(STAMP): setup.cfg pyproject.toml constraints.txt
+	@case " $(TORCH_BUILDS) " in *" $(TORCH) "*) ;; *) echo "error: TORCH=$(TORCH): one of $(TORCH_BUILDS)"; exit 2;; esac
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q 'pip>=24,<27'
+	$(if $(OTHER_BUILDS),rm -f $(OTHER_BUILDS) && $(BIN)/python -m pip uninstall -y torch torchvision)
+	$(if $(filter-out $(TORCH_DEFAULT),$(TORCH)),$(BIN)/python -m pip install -c constraints.txt $(TORCH_WHEELS) $(TORCH_PINS))
 	$(BIN)/python -m pip install -c constraints.txt -e '.[dev]'
 	touch $@
 

@@ -145,12 +145,12 @@ class CLI(LightningCLI):
             "--launch.max_restarts",
             type=int,
             default=0,
-            help="fit with several processes on one node, started without torchrun or SLURM: hand the ranks to "
-            "torch's elastic agent (torchrun's engine), which restarts the group up to this many times when a rank "
-            "dies, hangs (--launch.hang_timeout) or loses a loader worker; the group resumes from the newest "
-            "last.ckpt of the run (save one mid-epoch: --checkpoint.every_n_train_steps). Default 0, as torchrun's "
-            "--max-restarts: a restart repeats the start-up, and a deterministic failure would be repeated that many "
-            "times; 2 for unattended jobs.",
+            help="fit only: how often a fault (a rank that dies or hangs, a lost loader worker) restarts the job, "
+            "which resumes from its newest checkpoint. Under Lightning's launcher (several processes on one node) "
+            "torch's elastic agent runs the ranks and restarts the group; under SLURM it is the job's requeue budget "
+            "(the batch script of tools.slurm submit, or the app in your own script with #SBATCH --requeue); under "
+            "torchrun, torchrun's --max-restarts applies instead. Default 0, as torchrun's: a restart repeats the "
+            "start-up, and a deterministic failure would be repeated that many times; 2 for unattended jobs.",
         )
         parser.add_argument(
             "--launch.debug",

@@ -16,7 +16,9 @@ import io
 import os
 import re
 import shlex
+import shutil
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -262,3 +264,33 @@ def seconds_since_process_start() -> float | None:
         return time.clock_gettime(time.CLOCK_BOOTTIME) - started
     except (OSError, ValueError, IndexError, AttributeError):
         return None
+
+
+# what the NVIDIA kernel module writes its version to: "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15 ..."
+NVIDIA_VERSION_FILE = "/proc/driver/nvidia/version"
+
+
+def nvidia_driver() -> str | None:
+    """The NVIDIA driver's version on this machine (``550.54.15``), or None when it has none.
+
+    Read from the kernel module's file (``DPTRAIN_NVIDIA_VERSION_FILE`` names another one: a container that mounts it
+    elsewhere, or a test), else asked of ``nvidia-smi`` when it is on the PATH.
+    """
+    try:
+        text = Path(os.environ.get("DPTRAIN_NVIDIA_VERSION_FILE", NVIDIA_VERSION_FILE)).read_text()
+    except OSError:
+        text = ""
+    if found := re.search(r"Kernel Module.*?\s(\d+\.\d+(?:\.\d+)?)\s", text):
+        return found.group(1)
+    if text or shutil.which("nvidia-smi") is None:  # a file we cannot read as a version: no guess from elsewhere
+        return None
+    try:
+        answer = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        ).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return answer[0] if answer and re.fullmatch(r"\d+\.\d+(\.\d+)?", answer[0]) else None

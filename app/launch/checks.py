@@ -19,10 +19,14 @@ from app.strategies.dp import COMPILE_REFUSED
 from app.strategies.layout import declared_modes
 from core.batch import uneven_global_batch
 from core.config import get
-from core.env import LAUNCHER_NAMES, main_address, resolves
+from core.env import LAUNCHER_NAMES, main_address, nvidia_driver, resolves
 from core.errors import did_you_mean, with_link
 
 FLAG = {"slurm": "--ntasks-per-node", "torchrun": "--nproc_per_node"}
+# The oldest Linux driver of each CUDA major version (NVIDIA's minor version compatibility), and the PyTorch build
+# `make venv TORCH=...` installs for a driver: the newest CUDA that driver runs.
+OLDEST_DRIVER = {13: 580, 12: 525, 11: 450}
+BUILD_FOR_DRIVER = ((580, "cu130", "13.0"), (525, "cu126", "12.6"))
 NODES_FLAG = {"slurm": "--nodes", "torchrun": "--nnodes"}
 
 
@@ -295,9 +299,39 @@ class Machine:
         return cls(plan, config, have, on_gpu, need, visible)
 
 
+def driver_without_gpu(have: int) -> str | None:
+    """One line when an NVIDIA driver is present but torch sees no GPU (``have`` 0): the driver's version, the CUDA
+    version this torch was built for, and the command that installs a build this driver runs. Lightning alone says
+    only that no GPU is available, and ``accelerator auto`` quietly trains on the CPU."""
+    if have or (driver := nvidia_driver()) is None:
+        return None
+    import torch
+
+    major = int(driver.split(".")[0])
+    built = torch.version.cuda
+    needs = OLDEST_DRIVER.get(int(built.split(".")[0])) if built else None
+    head = f"NVIDIA driver {driver} is present but torch sees no GPU"
+    if built and needs is not None and major >= needs:  # the build fits: the GPU is hidden from this process
+        return (
+            f"{head}, although this torch (CUDA {built}) runs on that driver. Fix: check that this process may use "
+            "a GPU (nvidia-smi; CUDA_VISIBLE_DEVICES)."
+        )
+    if built:
+        why = f"this torch is built for CUDA {built}, which needs driver {needs} or newer"
+    else:
+        why = f"this torch ({torch.__version__}) is a CPU-only build"
+    match = next(((build, cuda) for oldest, build, cuda in BUILD_FOR_DRIVER if major >= oldest), None)
+    if match is None:
+        return f"{head}: {why}, and no PyTorch build here runs on a driver older than 525. Fix: update the driver."
+    build, cuda = match
+    return f"{head}: {why}. Fix: make venv TORCH={build} (PyTorch's CUDA {cuda} build), or update the driver."
+
+
 def too_few_gpus(m: Machine) -> str | None:
     if not m.on_gpu or m.per_process != 1 or m.need <= m.have:
         return None
+    if driver := driver_without_gpu(m.have):  # the reason there is none: the driver and this torch do not fit
+        return with_link(driver, "gpu-driver")
     fix = f"--trainer.devices {m.have}, or " if m.have else ""
     return with_link(
         f"trainer.accelerator {m.plan.accelerator} asks for {m.need} GPU(s) per node but this machine has {m.have}"
@@ -360,6 +394,10 @@ def backend_unavailable(m: Machine) -> str | None:
     )
 
 
+def driver_note(m: Machine) -> str | None:
+    return None if m.on_gpu else driver_without_gpu(m.have)  # asked for a GPU: too_few_gpus stops with the line
+
+
 def idle_gpus(m: Machine) -> str | None:
     k = m.per_process
     if not m.on_gpu or k == 1 or too_few_gpus_for_the_processes(m) or m.have % k == 0:
@@ -374,7 +412,7 @@ MACHINE_CHECKS: list[Callable[[Machine], str | None]] = [
     fp16_needs_a_gpu,
     backend_unavailable,
 ]
-MACHINE_NOTES: list[Callable[[Machine], str | None]] = [idle_gpus]
+MACHINE_NOTES: list[Callable[[Machine], str | None]] = [idle_gpus, driver_note]
 
 
 def unwritable(folder: str | Path) -> str | None:

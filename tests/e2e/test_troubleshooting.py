@@ -116,6 +116,15 @@ def test_a_gpu_asked_for_on_a_machine_without_one(stopped, tmp_path):
     assert_documented(stopped(*fit(tmp_path, "--trainer.accelerator", "gpu"))[1], "no-gpu")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the machine has a GPU")
+def test_a_gpu_asked_for_where_the_driver_does_not_fit_this_torch(stopped, tmp_path, monkeypatch):
+    version = tmp_path / "version"  # a 550 driver's /proc/driver/nvidia/version: CUDA 12.x, not 13
+    version.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n")
+    monkeypatch.setenv("DPTRAIN_NVIDIA_VERSION_FILE", str(version))
+    line = assert_documented(stopped(*fit(tmp_path, "--trainer.accelerator", "gpu"))[1], "gpu-driver")
+    assert "driver 550.54.15" in line and f"CUDA {torch.version.cuda}" in line and "make venv TORCH=cu126" in line
+
+
 def test_dp_under_torchrun_and_a_folder_that_cannot_be_written(stopped, tmp_path, monkeypatch):
     (tmp_path / "file").write_text("")
     code, seen = stopped("fit", *CPU, "--trainer.default_root_dir", str(tmp_path / "file" / "sub"))

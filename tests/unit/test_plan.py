@@ -8,9 +8,10 @@ import sys
 from dataclasses import replace
 
 import pytest
+import torch
 
 from app.cli import main
-from app.launch.checks import launch_problems
+from app.launch.checks import launch_problems, machine_problems
 from app.launch.plan import Plan
 from app.launch.preflight import PreflightError, build
 from core.env import detect, expand_nodelist, split_local_rank, torchrun_node_range
@@ -251,3 +252,39 @@ def test_max_restarts_under_slurm_is_the_requeue_budget_of_the_app_or_of_the_bat
     assert 'if [ "${SLURM_RESTART_COUNT:-0}" -lt 2 ]; then' in script and 'scontrol requeue "$SLURM_JOB_ID"' in script
     assert '[ "${restarts:-0}" -le "${SLURM_RESTART_COUNT:-0}" ]' in script  # a preemption's requeue is not repeated
     assert "scontrol requeue" not in Job(command=["fit"]).render()  # 0: the step's failure fails the job, as before
+
+
+# what the NVIDIA kernel module of a 550 driver (CUDA 12.4's) writes to /proc/driver/nvidia/version
+DRIVER_550 = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="torch sees a GPU here")
+@pytest.mark.parametrize(
+    ("driver", "expected"),
+    [
+        (DRIVER_550, "NVIDIA driver 550.54.15 is present but torch sees no GPU: "),
+        ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build\n", "runs on that driver"),
+        (None, None),
+    ],
+    ids=["driver 550", "driver 580", "no driver"],
+)
+def test_a_driver_without_a_gpu_is_one_line_of_the_plan_and_stops_a_gpu_run(config_of, monkeypatch, tmp_path,
+                                                                            driver, expected):  # fmt: skip
+    version = tmp_path / "version"
+    if driver is not None:
+        version.write_text(driver)
+    monkeypatch.setenv("DPTRAIN_NVIDIA_VERSION_FILE", str(version))  # the check reads this file, not the machine's
+    plan = build(config_of(), launch=detect({}))
+    assert machine_problems(plan, config_of(), cuda_devices=0) == []
+    notes = [note for note in plan.notes if "NVIDIA driver" in note]
+    if expected is None:
+        assert notes == [] and "NVIDIA" not in plan.render()
+        return
+    (note,) = notes
+    assert expected in note and f"note: {note}" in plan.render()
+    if driver == DRIVER_550:  # this torch's CUDA needs a newer driver: the build that runs on this one, and how
+        assert f"this torch is built for CUDA {torch.version.cuda}, which needs driver 580 or newer" in note
+        assert "Fix: make venv TORCH=cu126 (PyTorch's CUDA 12.6 build), or update the driver." in note
+    gpu = config_of("--trainer.accelerator", "gpu")
+    (problem,) = machine_problems(build(gpu, launch=detect({})), gpu, cuda_devices=0)
+    assert problem.startswith(note) and problem.endswith("#gpu-driver")

@@ -1,4 +1,5 @@
-"""One-GPU benchmark: ``python -m bench.gpu`` (under 8 minutes on one H200; ``--smoke``: a CPU check in < 60 s).
+"""One-GPU benchmark: ``python -m bench.gpu`` (under 8 minutes on one H200; ``--smoke``: a CPU check in < 60 s;
+``--cpu``: the same measurement on the CPU, the figure beside a GPU's, into ``cpu_<date>_<N>cpus.{json,md}``).
 
 ResNet-50 training throughput (images/s) on synthetic data through the app's own ``ImageClassifier`` and Lightning
 ``Trainer`` (single device, the precision plugins users select), for fp32 (TF32 off), TF32, bf16-mixed and
@@ -21,6 +22,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import re
 import subprocess
 import sys
@@ -62,6 +64,7 @@ CONFIGS = [
 ]
 
 SMOKE_CONFIGS = ("bf16 channels_last", "tf32")  # both memory formats, mixed and 32-bit precision
+CPU_CONFIGS = ("fp32 (TF32 off)", "bf16")  # what a CPU computes: no TF32, no fp16 autocast training
 
 
 def _peak_key(precision: str, tf32: bool) -> str:
@@ -204,9 +207,11 @@ def markdown(results: dict[str, Any]) -> str:
     s = results["settings"]
     flop = f"{s['flop_per_image']:.3g}" if s["flop_per_image"] else "unknown"
     lines = [
-        f"# GPU benchmark: {s['arch']} training throughput{' (SMOKE: CPU, tiny sizes)' if s['smoke'] else ''}",
+        f"# {'CPU' if s.get('cpu') else 'GPU'} benchmark: {s['arch']} training throughput"
+        f"{' (SMOKE: CPU, tiny sizes)' if s['smoke'] else ''}",
         "",
-        f"Machine: {machine_line(results['machine'])}.",
+        f"Machine: {machine_line(results['machine'])}. Load average (1 min) before/after: "
+        f"{' / '.join(f'{x:.1f}' for x in s.get('load', [])) or 'not recorded'}.",
         f"Synthetic on-device batch {s['batch_size']} x 3 x {s['image_size']}^2, {s['steps']} timed steps after "
         f"{s['warmup']} warm-up steps, single device through the app's Trainer. MFU: {flop} FLOP per image "
         f"(forward + backward) / dense peak of the precision. Command: `{s['command']}`",
@@ -218,7 +223,8 @@ def markdown(results: dict[str, Any]) -> str:
         mfu = f"{r['mfu'] * 100:.1f}%" if r["mfu"] is not None else "-"
         peak = f"{r['peak_flops'] / 1e12:g}" if r["peak_flops"] else "-"
         loss = f"{r['last_loss']:.3f}" if r["loss_finite"] else f"{r['last_loss']} (NOT FINITE: steps may be skipped)"
-        lines.append(f"| {r['config']} | {r['img_per_s']:.0f} | {r['step_ms']:.1f} | {mfu} | {peak} | {loss} |")
+        rate = f"{r['img_per_s']:.0f}" if r["img_per_s"] >= 100 else f"{r['img_per_s']:.2f}"  # a CPU's: 0.42
+        lines.append(f"| {r['config']} | {rate} | {r['step_ms']:.1f} | {mfu} | {peak} | {loss} |")
     for skipped in results["skipped"]:
         lines.append(f"| {skipped} | skipped: --budget-s reached | | | | |")
     if results.get("plain"):
@@ -232,6 +238,7 @@ def markdown(results: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="python -m bench.gpu", description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny sizes, 3 configs: a code check")
+    parser.add_argument("--cpu", action="store_true", help="on the CPU at full size (fp32, bf16)")
     parser.add_argument("--arch", default="resnet50", help="zoo architecture (default resnet50)")
     parser.add_argument("--batch-size", type=int, default=256, help="images per step (default 256)")
     parser.add_argument("--image-size", type=int, default=224, help="px (default 224)")
@@ -245,19 +252,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", type=Path, default=None, help="results folder (default bench/results; smoke: runs/)")
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available()
-    if not cuda and not args.smoke:
+    if not cuda and not (args.smoke or args.cpu):
         parser.error("no CUDA device here: run it on a GPU machine, or check the code path with --smoke (CPU)")
     if args.smoke:
         args.batch_size, args.image_size, args.steps, args.warmup = 2, 16, 1, 1
     if args.steps < 1 or args.warmup < 1:
         parser.error("--steps and --warmup must be >= 1 (the clock starts on a warmed-up step)")
     out = args.out or (ROOT / "runs" / "bench-smoke" if args.smoke else RESULTS)
-    device = "cuda" if cuda and not args.smoke else "cpu"
+    device = "cuda" if cuda and not (args.smoke or args.cpu) else "cpu"
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", message=".*(does not have many workers|TF32|LeafSpec).*")
     configs = [c for c in CONFIGS if args.compile_all or not c[4] or c[3]]
-    if args.smoke:  # CPU: no fp16 autocast training, no compile (needs a C++ toolchain and minutes)
-        configs = [c for c in configs if c[0] in SMOKE_CONFIGS]
+    if args.smoke or args.cpu:  # CPU: no fp16 autocast training, no compile (needs a C++ toolchain and minutes)
+        configs = [c for c in configs if c[0] in (SMOKE_CONFIGS if args.smoke else CPU_CONFIGS)]
     if args.configs:
         names = args.configs.split(",")
         unknown = [n for n in names if n not in {c[0] for c in CONFIGS}]
@@ -268,6 +275,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     command = "python -m bench.gpu " + " ".join(argv if argv is not None else sys.argv[1:]).strip()
     gpu = re.sub(r"[^A-Za-z0-9]+", "-", info["gpu"] or "cpu").strip("-")
     stem = out / f"gpu_{info['date'][:10]}_{gpu}{'_smoke' if args.smoke else ''}"
+    if args.cpu:
+        stem = out / f"cpu_{info['date'][:10]}_{info['host_cpus']}cpus"
     results = {
         "machine": info,
         "settings": {
@@ -277,6 +286,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "steps": args.steps,
             "warmup": args.warmup,
             "smoke": args.smoke,
+            "cpu": args.cpu,
+            "load": [os.getloadavg()[0]],
             "device": device,
             "flop_per_image": flop_per_image(args.arch, args.image_size),
             "command": command,
@@ -284,7 +295,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "throughput": [],
         "plain": None,
         "skipped": [],
-        "mnist": {"skipped": "--skip-mnist / --smoke"} if args.skip_mnist or args.smoke else {"not": "run yet"},
+        "mnist": {"skipped": "--skip-mnist / --smoke / --cpu"}
+        if args.skip_mnist or args.smoke or args.cpu
+        else {"not": "run yet"},
     }
 
     def write() -> None:  # after each configuration: a run cut short keeps the finished ones
@@ -306,8 +319,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 results["plain"] = plain
                 print(f"{'  plain PyTorch loop':<32} {plain['step_ms']:8.1f} ms/step", flush=True)
             write()
-    if not (args.skip_mnist or args.smoke):
+    if not (args.skip_mnist or args.smoke or args.cpu):
         results["mnist"] = mnist_time_to_accuracy(args, device)
+    results["settings"]["load"].append(os.getloadavg()[0])
     write()
     print(markdown(results))
     print(f"wrote {stem}.json/.md")

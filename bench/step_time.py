@@ -331,18 +331,20 @@ def plot(results: dict[str, Any], out: Path) -> list[Path]:
             ax.invert_yaxis()
             ax.set_title(f"{group}: step time (median, p10-p90); gray = plain PyTorch")
             ax.set_xlabel("ms per step")
-    with figure(paths[1], figsize=(7, 4)) as (_, ax):
-        for group, modes in groups.items():
-            for kind, (one, two) in {"plain": ("plain_single", "plain_ddp"), "app": ("app_single", "app_ddp")}.items():
+    # bars side by side, one panel per model: the plain loop's and the app's lines of one model lay on each other
+    with figure(paths[1], ncols=len(groups), figsize=(3.6 * len(groups), 3.4), squeeze=False) as (_, axes):
+        for ax, (group, modes) in zip(axes[0], groups.items(), strict=True):
+            for k, (kind, (one, two)) in enumerate({"plain": ("plain_single", "plain_ddp"),
+                                                     "app": ("app_single", "app_ddp")}.items()):  # fmt: skip
                 if one in modes and two in modes:
-                    sizes = [modes[one]["world_size"], modes[two]["world_size"]]
-                    ax.plot(sizes, [modes[one]["img_per_s"], modes[two]["img_per_s"]], marker="o",
-                            linestyle="--" if kind == "plain" else "-", label=f"{group} {kind}")  # fmt: skip
-        ax.set_xlabel("world size (processes, 1 CPU thread each)")
-        ax.set_ylabel("images / s (all processes)")
-        ax.set_xticks([1, results["settings"]["world_size"]])
-        ax.set_title("Throughput vs world size: single device, then DDP")
-        ax.legend(fontsize=7)
+                    values = [modes[one]["img_per_s"], modes[two]["img_per_s"]]
+                    bars = ax.bar([x + 0.4 * k for x in (0, 1)], values, width=0.4, label=kind,
+                                  color="tab:gray" if kind == "plain" else "tab:blue")  # fmt: skip
+                    ax.bar_label(bars, labels=[f"{v:.0f}" for v in values], fontsize=7)
+            ax.set_xticks([0.2, 1.2], ["1 process", f"{results['settings']['world_size']} (DDP)"])
+            ax.set_title(group, fontsize=9)
+            ax.set_ylabel("images / s (all processes)")
+            ax.legend(fontsize=7, loc="lower right")
     return paths
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sys
 
 import pytest
@@ -270,3 +271,24 @@ def test_mnist_recipe_smoke_chooses_on_validation_only(mnist_dir, tmp_path):
     assert 0.9 < candidate["val_acc1"]["mean"] < 1 and 0.9 < candidate["test_acc1"]["mean"] < 1
     chosen = candidate["val_acc1"]["mean"] >= mnist_recipe.TARGET
     assert result["chosen"] == (next(iter(result["candidates"])) if chosen else None)
+
+
+def test_figures_are_drawn_from_the_committed_results(tmp_path):
+    """``python -m bench.figures`` reads results files other benchmarks wrote (a copy of the committed ones here) and
+    draws the first screen's picture and the GPU plots, naming in its table each figure's file."""
+    from bench import figures
+    from bench.common import RESULTS
+
+    for name in ("mnist_time_to_accuracy.json", "mnist_time_to_accuracy_gpu.json", "gpu_check_B.jsonl"):
+        shutil.copy(RESULTS / name, tmp_path / name)
+    for found in [*RESULTS.glob("cpu_*.json"), *RESULTS.glob("gpu_*_NVIDIA-*.json")]:
+        shutil.copy(found, tmp_path / found.name)
+    figures.main(["--results", str(tmp_path)])
+    assert all(
+        (tmp_path / f"{name}.png").stat().st_size > 0 for name in ("first_screen", "gpu_throughput", "gpu_loader")
+    )
+    table = (tmp_path / "first_screen.md").read_text()
+    h200 = json.loads((RESULTS / "gpu_2026-12-04_NVIDIA-H200.json").read_text())
+    bf16 = next(r for r in h200["throughput"] if r["config"] == "bf16 channels_last")
+    assert f"| 1x NVIDIA H200 | {bf16['img_per_s']:,.0f} | `gpu_2026-12-04_NVIDIA-H200.json` |" in table
+    assert "| 2 CPU cores | 5.1 | `mnist_time_to_accuracy.json` |" in table

@@ -6,7 +6,8 @@ Serves ``--site`` (what ``mkdocs build`` wrote) on 127.0.0.1, takes one tall scr
 is Debian's ``chromium`` binary: its ``--screenshot`` flag takes one window per call, and a URL fragment does not
 reliably scroll that window before the capture (the sections came out blank).
 
-Usage: ``python tools/docs_screenshots.py --site site --out docs-screenshots`` (``make docs-screenshots``).
+Usage: ``python tools/docs_screenshots.py --site site --out docs-screenshots`` (``make docs-screenshots``); a phone:
+``--width 420``; a few pages: ``--pages index.md,troubleshooting.md``.
 """
 
 from __future__ import annotations
@@ -121,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--width", type=int, default=1280, help="window width in CSS pixels")
     parser.add_argument("--height", type=int, default=16000, help="window height: more than the longest page")
     parser.add_argument("--tile", type=int, default=1800, help="rows per saved tile")
+    parser.add_argument("--pages", default=None, help="only these pages of the nav, comma-separated: index.md,...")
     args = parser.parse_args(argv)
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
@@ -135,6 +137,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     pages = nav_pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"])
+    if args.pages:
+        unknown = sorted(set(args.pages.split(",")) - set(pages))
+        if unknown:
+            print(f"error: --pages {', '.join(unknown)}: not in mkdocs.yml's nav", file=sys.stderr)
+            return 1
+        pages = [page for page in pages if page in args.pages.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
     for old in args.out.glob("*.png"):
         old.unlink()

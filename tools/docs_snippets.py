@@ -1,34 +1,38 @@
-"""Files the docs include that the app itself renders, so that a page shows what the app prints today.
+"""Files the docs include that the app or a results file renders, so that a page shows what is true today.
 
 ``python -m tools.docs_snippets`` rewrites them; ``tests/unit/test_docs_generated.py`` renders them afresh and fails
 when a committed file differs. The checkout's folder is written as ``/home/ada/dptrain`` (a user's checkout), so the
 file does not depend on where it was rendered.
 
-- ``docs/snippets/resnet50_2x4.sbatch``: the SLURM recipe's script, from
-
-      python -m tools.slurm submit --nodes 2 --gpus-per-node 4 --time 24:00:00 --partition gpu \\
-          --setup "module load cuda" --dry-run -- fit --config configs/imagenet.yaml \\
-          --config configs/precision/bf16_mixed.yaml --model.arch resnet50 --data.data_dir /data/imagenet
+- ``docs/snippets/resnet50_2x4.sbatch``: the SLURM recipe's script, what ``python -m tools.slurm submit SUBMIT
+  --dry-run -- COMMAND`` prints (:data:`SUBMIT`, :data:`COMMAND`: the page shows the same command).
+- ``docs/snippets/resnet50_epoch.md``: ImageNet's time per epoch on each GPU kind measured, from the ResNet-50
+  images/s of ``bench/results/gpu_*.json`` (``python -m bench.gpu``) in the recipe's precision and memory format.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECKOUT = "/home/ada/dptrain"  # how the pages name the user's checkout
+IMAGENET_TRAIN_IMAGES = 1_281_167  # ILSVRC2012's training set
+GPUS = 8  # the recipe's 2 nodes x 4 GPUs
 
 SUBMIT = [
-    "--nodes", "2", "--gpus-per-node", "4", "--time", "24:00:00", "--partition", "gpu",
-    "--setup", "module load cuda", "--dry-run",
+    "--nodes", "2", "--gpus-per-node", "4", "--time", "24:00:00", "--partition", "gpu", "--sbatch", "mem=200G",
+    "--setup", "module load cuda", "--setup", "export WANDB_MODE=offline", "--dry-run",
 ]  # fmt: skip
 COMMAND = [
     "fit", "--config", "configs/imagenet.yaml", "--config", "configs/precision/bf16_mixed.yaml",
-    "--model.arch", "resnet50", "--data.data_dir", "/data/imagenet",
+    "--config", "configs/logger/wandb.yaml", "--model.channels_last", "true", "--data.data_dir", "/data/imagenet",
+    "--launch.max_restarts", "3",
 ]  # fmt: skip
-SNIPPETS = {"docs/snippets/resnet50_2x4.sbatch": (SUBMIT, COMMAND)}
+RECIPE_CONFIG = "bf16 channels_last"  # bench.gpu's configuration of COMMAND's precision and memory format
 
 
 def render(submit: list[str], command: list[str]) -> str:
@@ -40,9 +44,36 @@ def render(submit: list[str], command: list[str]) -> str:
     return out.replace(str(ROOT), CHECKOUT).rstrip("\n") + "\n"
 
 
+def epoch_table(results: Path = ROOT / "bench" / "results") -> str:
+    """One row per GPU kind measured: ResNet-50 images/s per GPU and the ImageNet epoch it gives on 1 and 8 GPUs."""
+    rows = [
+        "| GPU (measured) | ResNet-50 images/s per GPU | an ImageNet epoch on 1 GPU | on 8 GPUs (x8: scaling not "
+        "measured) | measured with |",
+        "|---|---|---|---|---|",
+    ]
+    for path in sorted(p for p in results.glob("gpu_*_*.json") if "_smoke" not in p.name):
+        run = json.loads(path.read_text())
+        row = next((r for r in run["throughput"] if r["config"] == RECIPE_CONFIG), None)
+        if row is None:
+            continue
+        one = IMAGENET_TRAIN_IMAGES / row["img_per_s"]
+        settings = run["settings"]
+        rows.append(
+            f"| {run['machine']['gpu']} | {row['img_per_s']:,.0f} | {one / 60:.1f} min | {one / GPUS:.0f} s | "
+            f"{RECIPE_CONFIG}, a synthetic batch of {settings['batch_size']} on the GPU: `bench/results/{path.name}` |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+SNIPPETS: dict[str, Callable[[], str]] = {
+    "docs/snippets/resnet50_2x4.sbatch": lambda: render(SUBMIT, COMMAND),
+    "docs/snippets/resnet50_epoch.md": epoch_table,
+}
+
+
 def main() -> None:
-    for path, (submit, command) in SNIPPETS.items():
-        (ROOT / path).write_text(render(submit, command))
+    for path, make in SNIPPETS.items():
+        (ROOT / path).write_text(make())
         print(f"wrote {path}")
 
 

@@ -1,7 +1,9 @@
-"""The README stays a first screen and the docs site has no page a reader cannot reach.
+"""The README stays a first screen, the docs site has no page a reader cannot reach, stays within its word budget,
+and says what has run on a GPU in one place only.
 
 `mkdocs build --strict` (in `.ci/run` and `make docs`) checks links and anchors; these checks need no mkdocs and run
-in the fast tier, so a page added without its nav entry, or a README grown back, fails before CI does.
+in the fast tier, so a page added without its nav entry, a README or a page grown back, or a status box written by
+hand fails before CI does.
 """
 
 from __future__ import annotations
@@ -9,11 +11,37 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tools.docs_screenshots import nav_pages  # the same reading of the nav as the screenshots'
+from tools.docs_snippets import SNIPPETS
 
 ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+BUDGET, PAGE_BUDGET = 15_000, 1_500  # hand-written words (wc -w) in docs/, and in any one page
+STATUS = DOCS / "snippets" / "gpu-status.md"
+INCLUDE_STATUS = '--8<-- "docs/snippets/gpu-status.md"'
+# pages with a status box: the first screen, the tutorials, and the pages whose commands need GPUs to mean much
+STATUS_PAGES = [
+    "index.md", "tutorial/first-run.md", "tutorial/imagenet.md", "tutorial/cluster.md",
+    "how-to/imagenet-one-node.md", "how-to/slurm-resnet50.md", "how-to/gpu-check.md",
+    "explanation/parallel-modes.md", "reference/launching.md", "reference/data.md", "reference/benchmarks.md",
+]  # fmt: skip
+# how a page would state a GPU status of its own (each matched a status box or sentence of this site once)
+OWN_STATUS = re.compile(
+    r"verified on CPUs?|not yet on a GPU|on a GPU yet|(has|have) (not |never )?(yet )?run (on|yet)|"
+    r"never (been )?run|(ran|passed) on (one|an?) (NVIDIA )?(H200|GPU)|untested|not (yet )?(been )?(run|tested|"
+    r"verified) on",
+    re.IGNORECASE,
+)
+
+
+def hand_written() -> dict[str, int]:
+    """``wc -w`` of every hand-written file under docs/ (the generated snippets left out), by path."""
+    generated = {str(Path(path).relative_to("docs")) for path in SNIPPETS}
+    files = [p for p in DOCS.rglob("*") if p.suffix == ".md" and str(p.relative_to(DOCS)) not in generated]
+    return {str(p.relative_to(DOCS)): len(p.read_text().split()) for p in sorted(files)}
 
 
 def test_readme_is_a_first_screen_of_at_most_200_lines():
@@ -24,7 +52,8 @@ def test_readme_is_a_first_screen_of_at_most_200_lines():
 def test_every_docs_page_is_in_the_nav_and_every_nav_entry_exists():
     config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
     in_nav = nav_pages(config["nav"])
-    on_disk = sorted(p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs").rglob("*.md"))
+    pages = (p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md"))
+    on_disk = sorted(p for p in pages if not p.startswith("snippets/"))  # mkdocs.yml's exclude_docs
     assert sorted(set(in_nav)) == on_disk, "docs/ pages and mkdocs.yml's nav differ"
     assert len(in_nav) == len(set(in_nav)), "a page is twice in the nav"
 
@@ -34,3 +63,33 @@ def test_the_readme_links_only_to_files_that_exist():
     targets = {t.split("#")[0] for t in re.findall(r"\]\(([^)]+)\)", text) if "://" not in t}
     missing = sorted(t for t in targets if t and not (ROOT / t).exists())
     assert not missing, f"README.md links to missing files: {missing}"
+
+
+def test_the_docs_stay_within_their_word_budget():
+    words = hand_written()
+    assert "snippets/gpu-status.md" in words and "snippets/resnet50_epoch.md" not in words  # the status is counted
+    over = {page: n for page, n in words.items() if n > PAGE_BUDGET}
+    assert not over, f"pages over {PAGE_BUDGET} words: {over}"
+    assert sum(words.values()) <= BUDGET, f"{sum(words.values())} hand-written words in docs/, budget {BUDGET}"
+
+
+def status_sentence() -> str:
+    """The snippet's status, as one line of text (its admonition's body, unindented)."""
+    body = STATUS.read_text().split("\n", 1)[1]
+    return " ".join(body.split())
+
+
+@pytest.mark.parametrize("page", STATUS_PAGES)
+def test_a_status_box_is_the_one_snippet(page):
+    assert INCLUDE_STATUS in (DOCS / page).read_text(), f"docs/{page} has no status box: include {INCLUDE_STATUS}"
+
+
+def test_no_page_states_a_gpu_status_of_its_own():
+    sentence = status_sentence()
+    assert OWN_STATUS.search(sentence), "the snippet itself should state the status"
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert sentence in readme, "README.md's status is not the snippet's sentence, word for word"
+    texts = {"README.md": readme.replace(sentence, "")}
+    texts |= {f"docs/{p.relative_to(DOCS)}": p.read_text() for p in DOCS.rglob("*.md") if p != STATUS}
+    own = {path: found.group(0) for path, text in texts.items() if (found := OWN_STATUS.search(text))}
+    assert not own, f"pages that state a GPU status of their own (include the snippet instead): {own}"

@@ -143,8 +143,8 @@ def dataloader_rate(
     ``batches`` batches: the same files (from the page cache after their first read), so the generation time does not
     grow with the length of the measurement. The clock starts once the batches that were already in flight when the
     workers started (``workers x prefetch_factor``) have been taken, so the rate is that of batches made while
-    measured. With ``decode`` ``gpu`` the workers only read the files and each batch is decoded and transformed on
-    the GPU, as in training."""
+    measured. With ``decode`` ``gpu`` the workers only read the files and draw the crops, and each batch is decoded,
+    resized and normalised on the training device by nvImageCodec, as in training (its CPU backend without CUDA)."""
     from datamodules.imagenet import ImageNetDataModule
 
     train, val = make_jpegs(folder / "flat", count), make_jpegs(folder / "flat_val", 10, seed=1)
@@ -169,7 +169,7 @@ def dataloader_rate(
     start, images, measured = time.perf_counter(), 0, 0
     for batch in stream:  # decode gpu: decoded and transformed there; else as is
         images, measured = images + len(datamodule.on_before_batch_transfer(batch, 0)[0]), measured + 1
-    if decode == "gpu":
+    if decode == "gpu" and torch.cuda.is_available():
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     return {
@@ -377,8 +377,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "512, each decoder, conversion time, files opened, data wait (writes loader_shards.*)",
     )
     parser.add_argument("--fit-steps", type=int, default=20, help="with --shards: steps of the data-wait fit (20)")
-    parser.add_argument("--decode", choices=("cpu", "pil", "gpu"), default="cpu", help="with --dataloader-workers: "
-                        "data.decode (gpu writes loader_dataloader_gpu.json)")  # fmt: skip
+    parser.add_argument("--decode", choices=("auto", "cpu", "pil", "gpu"), default="cpu",
+                        help="with --dataloader-workers: data.decode (gpu: loader_dataloader_gpu.json)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.shards:
         with tempfile.TemporaryDirectory(prefix="bench-shards-") as tmp:

@@ -321,7 +321,7 @@ def too_few_gpus_for_the_processes(m: Machine) -> str | None:
 
 
 def compile_refused(m: Machine) -> str | None:
-    if not (m.plan.layout.splits_batch and m.on_gpu and m.need > 1 and get(m.config, "model", "compile")):
+    if not (m.plan.layout.splits_batch and m.on_gpu and m.need > 1 and get(m.config, "model", "compile") is True):
         return None
     return COMPILE_REFUSED
 

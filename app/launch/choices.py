@@ -1,0 +1,70 @@
+"""The plan's lines on how this run computes: the ``auto`` settings of a recipe resolved (:mod:`core.device`), the
+compile cache, float32 matrix multiplications, where the data is decoded and normalised (the DataModule says), and
+what a resume guarantees on CUDA."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+from core.config import get
+from core.device import AUTO, auto_precision, describe, flag, on_cuda
+from modules.classifier import COMPILE_CACHE
+
+
+def data_lines(config: Any, cuda: bool) -> list[str]:
+    """The DataModule's own plan lines (``core.datamodule.ImageData.plan_lines``), if it has any."""
+    data = config.get("data")
+    module, _, name = str(getattr(data, "class_path", "") or "").rpartition(".")
+    try:
+        lines = getattr(getattr(importlib.import_module(module), name), "plan_lines", None) if module else None
+    except (ImportError, AttributeError):  # an unknown class: the parser says so
+        return []
+    return list(lines(data.get("init_args") or {}, cuda)) if callable(lines) else []
+
+
+def resume_line(deterministic: Any) -> str:
+    """What a resumed run reproduces on CUDA, with and without ``--trainer.deterministic true``."""
+    if deterministic is True:
+        return (
+            "resume       exact: deterministic kernels (trainer.deterministic true), so a run stopped and resumed "
+            "ends with the same weights as one never stopped"
+        )
+    return (
+        "resume       the same samples, order and augmentations, but not bit for bit: cuDNN picks non-deterministic "
+        "kernels, so two runs already differ; --trainer.deterministic true makes a resume exact (slower)"
+    )
+
+
+def lines(config: Any, accelerator: str, root_dir: str, startup_timeout: float | None) -> list[str]:
+    """The plan's lines for this config on this accelerator: only the settings a recipe left ``auto`` or turned on."""
+    cuda = on_cuda(accelerator)
+    trainer, out = config.trainer, []
+    precision = trainer.get("precision")
+    if precision == AUTO:
+        out.append(f"precision    {describe('trainer.precision', AUTO, auto_precision(cuda), cuda)}")
+    for label, setting, on, off in (
+        ("memory", "channels_last", "channels_last (NHWC)", "NCHW"),
+        ("compile", "compile", "on", "off"),
+    ):
+        value = get(config, "model", setting, default=False)
+        if value is True or value == AUTO:
+            state = on if flag(value, cuda) else off
+            out.append(f"{label:<12} {describe(f'model.{setting}', value, state, cuda)}")
+    if flag(get(config, "model", "compile", default=False), cuda):
+        allowance = (
+            f"; a first compile runs inside the start-up allowance, {startup_timeout:g} s" if startup_timeout else ""
+        )
+        out.append(
+            f"             caches in {Path(root_dir) / COMPILE_CACHE} (TORCHINDUCTOR_CACHE_DIR): a restart, a "
+            f"requeue or the next run there compiles nothing again{allowance}"
+        )
+    matmul = get(config, "model", "float32_matmul_precision")
+    if cuda and matmul:
+        tf32 = " (TF32 tensor cores)" if matmul == "high" else ""
+        out.append(f"fp32 matmul  {matmul}{tf32} (model.float32_matmul_precision)")
+    out += data_lines(config, cuda)
+    if cuda:
+        out.append(resume_line(trainer.get("deterministic")))
+    return out

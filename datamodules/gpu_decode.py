@@ -50,7 +50,7 @@ GEOMETRY = ("top", "left", "height", "width", "flip", "roi", "scale_y", "shift_y
 TOP, LEFT, HEIGHT, WIDTH, FLIP, ROI, SCALE_Y, SHIFT_Y, SCALE_X, SHIFT_X = range(len(GEOMETRY))
 MEAN = (0.485, 0.456, 0.406)  # ImageNet's, as datamodules.imagenet (which imports this module)
 STD = (0.229, 0.224, 0.225)
-CHUNK = 64  # images resized at once: bounds the padded float copy of the boxes (64 x 500 x 500 x 3 x 2 B = 96 MB)
+CHUNK = 32  # images resized at once: bounds the padded float copy of the boxes (32 x 500 x 500 x 3 x 2 B = 48 MB)
 
 
 @contextlib.contextmanager
@@ -199,9 +199,10 @@ def _weights(
     ``scale * (i + 0.5) + shift``, as wide as ``scale`` when shrinking, normalised per output pixel); the rows reversed
     for a flipped image."""
     device = lengths.device
+    scale, shift = scale.float(), shift.float()
     support = scale.clamp(min=1.0)
-    centre = (torch.arange(size, device=device, dtype=torch.float64) + 0.5)[None, :] * scale[:, None] + shift[:, None]
-    source = torch.arange(pad, device=device, dtype=torch.float64) + 0.5
+    centre = (torch.arange(size, device=device, dtype=torch.float32) + 0.5)[None, :] * scale[:, None] + shift[:, None]
+    source = torch.arange(pad, device=device, dtype=torch.float32) + 0.5
     weights = (1 - (source[None, None, :] - centre[:, :, None]).abs() / support[:, None, None]).clamp(min=0)
     weights = weights * (source[None, None, :] < lengths[:, None, None])  # the padding weighs nothing
     weights = weights / weights.sum(-1, keepdim=True)
@@ -322,16 +323,21 @@ class BatchDecoder:
         geometry = batch.geometry[kept]
         compute = torch.float16 if self.device.type == "cuda" else torch.float32
         out = torch.empty(len(boxes), self.size, self.size, 3, dtype=dtype, device=self.device)
+        # chunks of boxes of similar size (sorted by area): each is padded to its largest box, not the batch's
+        order = sorted(range(len(boxes)), key=lambda i: boxes[i].shape[0] * boxes[i].shape[1])
         for start in range(0, len(boxes), CHUNK):
-            end = start + CHUNK
-            resized = resize_batch(boxes[start:end], self.size, geometry[start:end], compute).float()
-            out[start:end] = ((resized - self.mean) / self.std).to(dtype)
+            chunk = order[start : start + CHUNK]
+            resized = resize_batch([boxes[i] for i in chunk], self.size, geometry[chunk], compute).float()
+            out[torch.tensor(chunk, device=self.device)] = ((resized - self.mean) / self.std).to(dtype)
         labels = batch.labels[kept] if len(kept) < len(batch) else batch.labels
         return out.permute(0, 3, 1, 2), labels
 
 
 def input_dtype(precision: str) -> torch.dtype:
-    """The dtype a batch is handed to the step in: the half type the precision computes in, else float32."""
+    """The dtype a batch is handed to the step in: the half type the precision computes in (mixed or true), float64
+    for 64-true, else float32."""
     if precision.startswith("bf16"):
         return torch.bfloat16
+    if precision.startswith("64"):
+        return torch.float64
     return torch.float16 if precision.startswith("16") else torch.float32

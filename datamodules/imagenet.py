@@ -419,11 +419,11 @@ class ImageNetDataModule(ImageDataModule):
         if rest:
             self._note_skipped(rest[0])
         if images.dtype == torch.uint8:
-            # Lightning already cast the batch to the precision's input dtype (16-true, bf16-true) before this hook,
-            # when it was still uint8: cast the normalised float32 images the same way
-            images = normalize(images)
-            if self.trainer is not None:
-                images = self.trainer.precision_plugin.convert_input(images)
+            # Lightning casts a batch to the precision's input dtype before this hook, when it is still uint8: the
+            # normalised images are made in it here, as the GPU decoder makes them (bf16 for bf16-mixed: every input
+            # path hands the step the same dtype, so a compiled step has one graph)
+            precision = str(self.trainer.precision) if self.trainer is not None else "32-true"
+            images = normalize(images).to(input_dtype(precision))
         return images, labels
 
     def _note_skipped(self, paths: list[str]) -> None:

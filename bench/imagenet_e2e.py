@@ -44,6 +44,10 @@ import torch
 
 from bench.common import RESULTS, ROOT, machine, machine_line, write_json
 
+SMOKE_TITLE = {
+    False: " (SMOKE: CPU, tiny sizes, not a measurement)",
+    True: " (CPU, tiny sizes, compiled: img/s are no figure; the first step compares a cold compile with a restart's)",
+}
 GPU_SIZES = {"arch": "resnet50", "batch": 256, "px": 224, "warmup": 15, "steps": 30, "images": 512, "workers": "auto"}
 SMOKE_SIZES = {"arch": "resnet18", "batch": 4, "px": 32, "warmup": 2, "steps": 2, "images": 8, "workers": "1"}
 
@@ -146,7 +150,7 @@ def one_fit(name: str, root: Path, z: dict[str, Any], extra: list[str], device: 
 
     warmup = int(z["warmup"])
     watch = clock(device, warmup)
-    args = fit_args(root, z, warmup + int(z["steps"]), extra, device)
+    args = fit_args(root, z, warmup + int(z["steps"]), [*z.get("extra", []), *extra], device)
     began = time.perf_counter()
     try:
         cli = main(args, run=False, cli_class=_cli_saving_nothing())
@@ -207,7 +211,7 @@ def synthetic(z: dict[str, Any]) -> list[str]:
 def markdown(results: dict[str, Any]) -> str:
     s, v = results["settings"], results["versions"]
     lines = [
-        f"# ImageNet end to end from JPEG files{' (SMOKE: CPU, tiny sizes, not a measurement)' if s['smoke'] else ''}",
+        f"# ImageNet end to end from JPEG files{SMOKE_TITLE[bool(s.get('extra'))] if s['smoke'] else ''}",
         "",
         f"Machine: {machine_line(results['machine'])}. Command: `{s['command']}`",
         f"{s['arch']} at {s['px']} px, batch {s['batch']}, the ImageNet recipe's defaults on this device; "
@@ -246,6 +250,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--decoders", default="gpu,cpu", help="data.decode values to train with (gpu,cpu)")
     parser.add_argument("--determinism", action="store_true", help="also the synthetic fit with deterministic true")
     parser.add_argument("--no-restart", action="store_true", help="leave out the second process (the compile cache)")
+    parser.add_argument("--compile", action="store_true", help="compile on any device (auto: on CUDA only); with "
+                        "--smoke, the CPU's cold compile against the restart's")  # fmt: skip
     parser.add_argument("--steps", type=int, default=None, help="timed steps per fit (30; smoke 3)")
     parser.add_argument(
         "--out", type=Path, default=None, help="results folder (bench/results; smoke: runs/bench-smoke)"
@@ -264,6 +270,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         parser.error("no CUDA device here: run it on a GPU machine, or check the script with --smoke (CPU)")
     device = "cuda" if cuda and not args.smoke else "cpu"
     z = dict(SMOKE_SIZES if args.smoke else GPU_SIZES)
+    z["extra"] = ["--model.compile", "true"] if args.compile else []
     if args.steps:
         z["steps"] = args.steps
     from datamodules.base import auto_workers, available_cpus
@@ -274,7 +281,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     command = "python -m bench.imagenet_e2e " + " ".join(argv if argv is not None else sys.argv[1:]).strip()
     gpu = re.sub(r"[^A-Za-z0-9]+", "-", info["gpu"] or "cpu").strip("-")
     out = args.out or (ROOT / "runs" / "bench-smoke" if args.smoke else RESULTS)
-    stem = out / f"imagenet_e2e_{gpu}{'_smoke' if args.smoke else ''}"
+    stem = out / f"imagenet_e2e_{gpu}{'_compile' if args.compile else ''}{'_smoke' if args.smoke else ''}"
     results: dict[str, Any] = {"machine": info, "settings": {**z, "smoke": args.smoke, "command": command},
                                "versions": versions(), "rows": []}  # fmt: skip
 

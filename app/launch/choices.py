@@ -38,7 +38,8 @@ def resume_line(deterministic: Any) -> str:
 
 
 def lines(config: Any, accelerator: str, root_dir: str, startup_timeout: float | None) -> list[str]:
-    """The plan's lines for this config on this accelerator: only the settings a recipe left ``auto`` or turned on."""
+    """The plan's lines for this config on this accelerator: on CUDA every choice, elsewhere the settings a recipe
+    left ``auto`` or turned on."""
     cuda = on_cuda(accelerator)
     trainer, out = config.trainer, []
     precision = trainer.get("precision")
@@ -49,7 +50,7 @@ def lines(config: Any, accelerator: str, root_dir: str, startup_timeout: float |
         ("compile", "compile", "on", "off"),
     ):
         value = get(config, "model", setting, default=False)
-        if value is True or value == AUTO:
+        if cuda or value is True or value == AUTO:  # on CUDA each choice is stated, elsewhere what is not off
             state = on if flag(value, cuda) else off
             out.append(f"{label:<12} {describe(f'model.{setting}', value, state, cuda)}")
     if flag(get(config, "model", "compile", default=False), cuda):

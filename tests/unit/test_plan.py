@@ -251,3 +251,30 @@ def test_max_restarts_under_slurm_is_the_requeue_budget_of_the_app_or_of_the_bat
     assert 'if [ "${SLURM_RESTART_COUNT:-0}" -lt 2 ]; then' in script and 'scontrol requeue "$SLURM_JOB_ID"' in script
     assert '[ "${restarts:-0}" -le "${SLURM_RESTART_COUNT:-0}" ]' in script  # a preemption's requeue is not repeated
     assert "scontrol requeue" not in Job(command=["fit"]).render()  # 0: the step's failure fails the job, as before
+
+
+def test_the_imagenet_recipe_states_its_gpu_defaults_and_what_a_cuda_resume_guarantees(config_of):
+    """The recipe's ``auto`` settings, resolved in the plan: the fast choice on CUDA, the portable one elsewhere;
+    on CUDA also float32 matmuls and what a resume reproduces with and without determinism."""
+    imagenet = ("--config", str(ROOT / "configs" / "imagenet.yaml"), "--data.synthetic", "true")
+    gpu = build(config_of(*imagenet, "--trainer.accelerator", "gpu"), launch=detect({}))
+    text = gpu.render()
+    for line in ("memory       channels_last (NHWC) (model.channels_last auto: on CUDA)",
+                 "compile      on (model.compile auto: on CUDA)", "/compile_cache (TORCHINDUCTOR_CACHE_DIR)",
+                 "fp32 matmul  high (TF32 tensor cores)", "trainer.precision auto: on CUDA",
+                 "resume       the same samples, order and augmentations, but not bit for bit"):  # fmt: skip
+        assert line in text, text
+    exact = build(config_of(*imagenet, "--trainer.accelerator", "gpu", "--trainer.deterministic", "true"),
+                  launch=detect({})).render()  # fmt: skip
+    assert "resume       exact: deterministic kernels (trainer.deterministic true)" in exact
+    cpu = build(config_of(*imagenet, "--trainer.accelerator", "cpu"), launch=detect({}))
+    assert cpu.precision == "32-true"
+    text = cpu.render()
+    assert (
+        "precision    32-true (trainer.precision auto: not on CUDA)" in text
+        and "NCHW (model.channels_last auto" in text
+    )
+    assert "fp32 matmul" not in text and "resume       " not in text and "compile_cache" not in text
+    # a value given stays as given, and says so
+    given = build(config_of(*imagenet, "--trainer.accelerator", "gpu", "--model.compile", "false"), launch=detect({}))
+    assert "compile      off (model.compile)" in given.render()

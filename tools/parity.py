@@ -155,7 +155,15 @@ def _facts(trainer: Any, model: nn.Module, initial: torch.Tensor, checkpoint: Pa
     if hasattr(trainer.strategy, "sync_buffers"):  # allreduce: a checkpoint makes BatchNorm buffers agree
         trainer.save_checkpoint(checkpoint)
         facts["buffers_identical"] = _same_on_all_ranks(_digest(list(model.buffers())))
+        facts["checkpoint"] = str(checkpoint)
     return facts
+
+
+def _compiled_graphs() -> int:
+    """Graphs torch.compile has made in this process so far (a compiled scenario must have made some)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def _run_scenario(scenario: dict, steps: int, nproc: int, workdir: Path, accelerator: str) -> dict[str, Any]:
@@ -170,10 +178,13 @@ def _run_scenario(scenario: dict, steps: int, nproc: int, workdir: Path, acceler
         model = copy.deepcopy(model0)
         extras = _scenario_extras(scenario, accelerator)
         trainer = _trainer(config, steps, accelerator=accelerator, devices=nproc, strategy=mode, **extras)
+        graphs = _compiled_graphs()
         trainer.fit(model, datamodule=datamodule)
         if "sampler" not in out:
             out["sampler"] = _sampler_facts(trainer.train_dataloader)
         out["modes"][mode] = _facts(trainer, model, initial, workdir / f"{scenario['name']}.{mode}.ckpt")
+        if any(m._compiled_call_impl is not None for m in model.modules()):  # torch.compile made (or reused) graphs
+            out["modes"][mode]["compiled_graphs"] = _compiled_graphs() - graphs
         if dist.get_rank() == 0:
             torch.save(_flat(list(model.parameters())), workdir / f"{scenario['name']}.{mode}.pt")
     return out
@@ -233,9 +244,9 @@ def run_single(
     scenario: dict, facts: dict, world: int, steps: int, workdir: Path, strategy: str = "auto"
 ) -> torch.Tensor:
     """The single-device reference (or ``dp`` over ``world`` GPUs) on the global batches; returns its parameters."""
-    model, datamodule, config = build(
-        [*scenario["args"], "--trainer.devices", "1", "--trainer.strategy", "auto"], workdir
-    )
+    # a scenario's ``reference`` arguments change the reference only (a compiled mode against the eager model)
+    args = [*scenario["args"], *scenario.get("reference", []), "--trainer.devices", "1", "--trainer.strategy", "auto"]
+    model, datamodule, config = build(args, workdir)
     datamodule.setup("fit")
     loader = datamodule.train_dataloader()
     batches = GlobalBatchSampler(len(loader.dataset), world, facts["batch_size"], facts["seed"], facts["shuffle"])

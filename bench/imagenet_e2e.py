@@ -305,8 +305,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         if not args.no_restart:
             results["rows"].append(restart(root, z, device, timeout=300))
             write()
-    print(markdown(results))
-    print(f"wrote {stem}.json/.md")
+    print(f"{markdown(results)}wrote {stem}.json/.md")
     return results
 
 

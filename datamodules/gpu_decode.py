@@ -172,7 +172,7 @@ class EncodedBatch:
         return len(self.labels)
 
     def pin_memory(self) -> EncodedBatch:  # the DataLoader's pin_memory thread calls this (pin_memory=True on CUDA)
-        self.data = self.data.pin_memory()
+        self.data, self.geometry, self.labels = (t.pin_memory() for t in (self.data, self.geometry, self.labels))
         return self
 
     def image(self, index: int) -> np.ndarray:
@@ -211,17 +211,25 @@ def _weights(
     return weights
 
 
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor on ``device`` without waiting: a copy from pageable memory to a GPU waits for the GPU's
+    queue to drain (the step in flight), one from pinned memory does not."""
+    if device.type != "cuda" or tensor.device == device:
+        return tensor
+    return (tensor if tensor.is_pinned() else tensor.pin_memory()).to(device, non_blocking=True)
+
+
 def resize_batch(boxes: list[torch.Tensor], size: int, geometry: torch.Tensor, compute: torch.dtype) -> torch.Tensor:
     """The boxes (uint8 [h, w, 3], any sizes, on one device) resized as their rows of ``geometry`` say (scale, shift,
     flip) to ``size`` x ``size``: float [N, size, size, 3] (NHWC), values 0..255, computed in ``compute``."""
     device = boxes[0].device
-    heights = torch.tensor([b.shape[0] for b in boxes], device=device)
-    widths = torch.tensor([b.shape[1] for b in boxes], device=device)
+    heights = to_device(torch.tensor([b.shape[0] for b in boxes]), device)
+    widths = to_device(torch.tensor([b.shape[1] for b in boxes]), device)
     pad_h, pad_w = int(max(b.shape[0] for b in boxes)), int(max(b.shape[1] for b in boxes))
     padded = torch.zeros(len(boxes), pad_h, pad_w, 3, dtype=torch.uint8, device=device)
     for index, box in enumerate(boxes):
         padded[index, : box.shape[0], : box.shape[1]] = box
-    g = geometry.to(device)
+    g = to_device(geometry, device)
     rows = _weights(heights, size, pad_h, g[:, SCALE_Y], g[:, SHIFT_Y], None).to(compute)
     cols = _weights(widths, size, pad_w, g[:, SCALE_X], g[:, SHIFT_X], g[:, FLIP]).to(compute)
     tall = torch.bmm(rows, padded.to(compute).view(len(boxes), pad_h, pad_w * 3))  # [N, size, pad_w * 3]
@@ -310,7 +318,7 @@ class BatchDecoder:
                     self.skipped.append(batch.names[index])
                     continue
                 self.fallbacks.append(batch.names[index])
-            boxes.append(box[..., :3] if box.shape[-1] != 3 else box)
+            boxes.append(box.expand(-1, -1, 3) if box.shape[-1] == 1 else box[..., :3])
             kept.append(index)
         return boxes, kept
 
@@ -328,7 +336,7 @@ class BatchDecoder:
         for start in range(0, len(boxes), CHUNK):
             chunk = order[start : start + CHUNK]
             resized = resize_batch([boxes[i] for i in chunk], self.size, geometry[chunk], compute).float()
-            out[torch.tensor(chunk, device=self.device)] = ((resized - self.mean) / self.std).to(dtype)
+            out[to_device(torch.tensor(chunk), self.device)] = ((resized - self.mean) / self.std).to(dtype)
         labels = batch.labels[kept] if len(kept) < len(batch) else batch.labels
         return out.permute(0, 3, 1, 2), labels
 

@@ -334,19 +334,21 @@ class ImageNetDataModule(ImageDataModule):
         if init_args.get("synthetic"):
             return ["data         synthetic uint8 images, normalised on the device"]
         decoder, why = cls._decoder_for(init_args.get("decode", AUTO), cuda)
+        given = init_args.get("normalize_on_device", AUTO)
         if decoder == "gpu":
-            where = "the training device" if cuda else "the CPU (nvImageCodec's CPU backend)"
             module = nvimgcodec()[0]
-            engine = f"nvImageCodec {module.__version__ if module else '(not installed)'} on {where}"
-            what = f"gpu: {engine}, each batch in one call, crop boxes only; the loader workers read bytes and draw"
-        else:
-            what = f"{decoder}: {_torchcodec_version() if decoder == 'cpu' else 'PIL'} in the loader workers"
-        normalise = flag(init_args.get("normalize_on_device", AUTO), cuda) or decoder == "gpu"
-        where = "on the device" if normalise else "in the loader workers"
-        setting = "data.decode gpu" if decoder == "gpu" else "data.normalize_on_device"
+            version = module.__version__ if module else "(not installed)"
+            where = "the training device" if cuda else "the CPU (its CPU backend)"
+            return [
+                f"decode       gpu: nvImageCodec {version} on {where}; the loader workers read bytes, draw the crops "
+                f"({why})",
+                "normalise    on the device, with the decoding (data.decode gpu)",
+            ]
+        engine = _torchcodec_version() if decoder == "cpu" else "PIL"
+        where = "on the device" if flag(given, cuda) else "in the loader workers"
         return [
-            f"decode       {what} ({why})",
-            f"normalise    {describe(setting, init_args.get('normalize_on_device', AUTO), where, cuda)}",
+            f"decode       {decoder}: {engine} in the loader workers ({why})",
+            f"normalise    {describe('data.normalize_on_device', given, where, cuda)}",
         ]
 
     def setup(self, stage: str | None = None) -> None:

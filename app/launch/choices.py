@@ -4,10 +4,10 @@ what a resume guarantees on CUDA."""
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
+from app.launch.checks import data_class
 from core.config import get
 from core.device import AUTO, auto_precision, describe, flag, on_cuda
 from modules.classifier import COMPILE_CACHE
@@ -15,13 +15,8 @@ from modules.classifier import COMPILE_CACHE
 
 def data_lines(config: Any, cuda: bool) -> list[str]:
     """The DataModule's own plan lines (``core.datamodule.ImageData.plan_lines``), if it has any."""
-    data = config.get("data")
-    module, _, name = str(getattr(data, "class_path", "") or "").rpartition(".")
-    try:
-        lines = getattr(getattr(importlib.import_module(module), name), "plan_lines", None) if module else None
-    except (ImportError, AttributeError):  # an unknown class: the parser says so
-        return []
-    return list(lines(data.get("init_args") or {}, cuda)) if callable(lines) else []
+    lines = getattr(data_class(config), "plan_lines", None)
+    return list(lines(config.get("data").get("init_args") or {}, cuda)) if callable(lines) else []
 
 
 def resume_line(deterministic: Any) -> str:

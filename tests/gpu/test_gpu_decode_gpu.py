@@ -51,3 +51,21 @@ def test_files_the_gpu_cannot_decode_go_to_the_cpu_one_by_one(with_bad_files):  
     assert any(p.endswith("gif.jpg") for p in decoder.fallbacks)
     assert all(p.endswith("truncated.jpg") for p in decoder.skipped) and decoder.skipped
     assert sum(len(y) for _, y in batches) > 0
+
+
+@run_if(cuda=1)
+def test_decoding_a_batch_waits_for_no_step_in_flight(photos):  # noqa: F811
+    """After the first batch, decoding, resizing and normalising one makes no synchronising torch call (a pageable
+    host-to-device copy would wait for the training step queued before it)."""
+    trainer = pl.Trainer(accelerator="cuda", devices=1, precision="bf16-mixed", logger=False)
+    dm = ImageNetDataModule(str(photos), batch_size=6, num_workers=0, image_size=SIZE, decode="gpu")
+    dm.trainer = trainer
+    dm.setup("fit")
+    first, second = list(dm.train_dataloader())[:2]
+    dm.on_before_batch_transfer(first.pin_memory(), 0)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        images, _ = dm.on_before_batch_transfer(second.pin_memory(), 0)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert images.is_cuda and images.dtype == torch.bfloat16

@@ -256,9 +256,11 @@ def breakdown_markdown(result: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
+        idle = r["main_s_per_batch"] < 0.001  # nothing left to do there (the workers normalised)
+        main = "< 0.001 | -" if idle else f"{r['main_s_per_batch']} | {r['main_img_per_s']}"
         lines.append(
             f"| {r['path']} | {r['worker_s_per_batch']} | {r['worker_img_per_s']} | {r['kb_per_image_crossing']} | "
-            f"{r['main_s_per_batch']} | {r['main_img_per_s']} |"
+            f"{main} |"
         )
     return "\n".join(lines) + "\n"
 

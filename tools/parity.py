@@ -41,6 +41,7 @@ from app.collectives import check_collectives
 from app.launch.group import end_process_group
 from app.strategies.layout import REFERENCE, declared_modes, layout_of, parity_modes
 from app.sync_batchnorm import with_sync_batchnorm
+from core.device import AUTO, auto_precision, on_cuda
 from tools.torchrun import run_torchrun_job
 
 _QUIET = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False, "enable_model_summary": False}
@@ -55,6 +56,11 @@ def build(args: list[str], workdir: Path) -> tuple[Any, Any, Any]:
     return built.model, built.datamodule, built.config.trainer
 
 
+def resolved_precision(precision: Any, accelerator: Any) -> Any:
+    """The config's precision, ``auto`` resolved as the app's Trainer does (the ImageNet recipe's)."""
+    return auto_precision(on_cuda(accelerator)) if precision == AUTO else precision
+
+
 def _trainer(config: Any, steps: int, **kwargs: Any) -> Any:
     from lightning.pytorch import Trainer
 
@@ -67,7 +73,7 @@ def _trainer(config: Any, steps: int, **kwargs: Any) -> Any:
         "num_sanity_val_steps": 0,
         "accumulate_grad_batches": config.accumulate_grad_batches,
         "gradient_clip_val": config.gradient_clip_val,
-        **({} if plugins else {"precision": config.precision}),
+        **({} if plugins else {"precision": resolved_precision(config.precision, kwargs.get("accelerator"))}),
         "sync_batchnorm": config.sync_batchnorm,
         "plugins": with_sync_batchnorm(plugins) if config.sync_batchnorm else plugins or None,  # as app.cli does
         **_QUIET,

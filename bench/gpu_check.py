@@ -412,17 +412,17 @@ def gpu_tests(ctx: Context) -> list[dict]:
     return [_subprocess_step("tests/gpu", pytest, box(TESTS_BOX_S))]
 
 
-BENCH_BOX_S = 150
+BENCH_BOX_S = 140
 
 
 def bench_gpu(ctx: Context) -> list[dict]:
     """``bench.gpu``: it writes its results after each configuration, so a cut run keeps the finished ones."""
-    args = ["--smoke", "--configs", "bf16 channels_last"] if CPU else ["--skip-mnist", "--budget-s", "90"]
+    args = ["--smoke", "--configs", "bf16 channels_last"] if CPU else ["--skip-mnist", "--budget-s", "80"]
     command = [sys.executable, "-m", "bench.gpu", *args, "--out", str(ctx.out)]
     return [_subprocess_step("bench.gpu", command, box(BENCH_BOX_S))]
 
 
-E2E_BOX_S = 300  # one process: JPEGs made, a cold ResNet-50 compile, 4 fits of ~60 steps, a second one restarting
+E2E_BOX_S = 345  # JPEGs made, a cold ResNet-50 compile, 4 fits of ~60 steps (one recompiles), a second process
 
 
 def e2e(ctx: Context) -> list[dict]:

@@ -9,9 +9,11 @@ process, one fit after the other:
    reference every other row is divided by; its first step pays the compile (its caches in the run folder);
 2. the JPEG files with each decoder of ``--decoders``: ``gpu`` (nvImageCodec on the GPU: the loader workers read
    bytes and draw the crops) and ``cpu`` (TorchCodec in the loader workers), with ``--data.num_workers auto``;
-3. with ``--determinism``: the synthetic fit again with ``--trainer.deterministic true``: what exact resume costs;
-4. with ``--restart`` (default on): a second process starting the synthetic fit in the same run folder, as a restart
-   or requeue does: its time to the end of the first step against the first process's (the compile cache).
+3. after the first decoder (unless ``--no-restart``): a second process starting the synthetic fit in the same run
+   folder, as a restart or requeue does: its time to the end of the first step against the first process's (the
+   compile cache);
+4. with ``--determinism``, last: the synthetic fit again with ``--trainer.deterministic true``: what exact resume
+   costs.
 
 Each fit is timed with synchronised clocks from the start of step ``--warmup`` (at least the batches the loader
 workers had in flight when they started, ``workers x prefetch_factor``, so that the rate is the loader's own) to the
@@ -293,17 +295,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         root, data = Path(tmp) / "run", Path(tmp) / "jpegs"
         steps = int(z["warmup"]) + int(z["steps"])
         jpeg_tree(data, int(z["images"]), int(z["batch"]) * (steps + 1))
-        fits = [("synthetic", synthetic(z))]
-        fits += [(f"JPEG files, decode {d}", ["--data.data_dir", str(data), "--data.decode", d])
-                 for d in args.decoders.split(",") if d]  # fmt: skip
+        # the most wanted first (a run cut short keeps them): the reference, the first decoder, the restart
+        decoders = [(f"JPEG files, decode {d}", ["--data.data_dir", str(data), "--data.decode", d])
+                    for d in args.decoders.split(",") if d]  # fmt: skip
+        fits: list[tuple[str, list[str] | None]] = [("synthetic", synthetic(z)), *decoders[:1]]
+        fits += [] if args.no_restart else [("synthetic, restarted", None)]
+        fits += decoders[1:]
         if args.determinism:
             fits.append(("synthetic, deterministic", [*synthetic(z), "--trainer.deterministic", "true"]))
         for name, extra in fits:
-            results["rows"].append(one_fit(name, root, z, extra, device))
-            print(json.dumps(results["rows"][-1]), flush=True)
-            write()
-        if not args.no_restart:
-            results["rows"].append(restart(root, z, device, timeout=300))
+            row = restart(root, z, device, timeout=300) if extra is None else one_fit(name, root, z, extra, device)
+            results["rows"].append(row)
+            print(json.dumps(row), flush=True)
             write()
     print(f"{markdown(results)}wrote {stem}.json/.md")
     return results

@@ -32,7 +32,19 @@ def resume_line(deterministic: Any) -> str:
     )
 
 
-def lines(config: Any, accelerator: str, root_dir: str, startup_timeout: float | None) -> list[str]:
+def runs_compiled_models(strategy: str) -> bool:
+    """Whether ``model.compile auto`` compiles under this strategy: ``dp``'s replicas and ``ddp_mp``'s stages say no
+    (their class attribute ``runs_compiled_models``, which the model reads too)."""
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    if strategy not in StrategyRegistry:  # auto, or a class path: one device per process
+        return True
+    return getattr(StrategyRegistry[strategy]["strategy"], "runs_compiled_models", True)
+
+
+def lines(
+    config: Any, accelerator: str, root_dir: str, startup_timeout: float | None, strategy: str = "auto"
+) -> list[str]:
     """The plan's lines for this config on this accelerator: on CUDA every choice, elsewhere the settings a recipe
     left ``auto`` or turned on."""
     cuda = on_cuda(accelerator)
@@ -40,15 +52,18 @@ def lines(config: Any, accelerator: str, root_dir: str, startup_timeout: float |
     precision = trainer.get("precision")
     if precision == AUTO:
         out.append(f"precision    {describe('trainer.precision', AUTO, auto_precision(cuda), cuda)}")
-    for label, setting, on, off in (
-        ("memory", "channels_last", "channels_last (NHWC)", "NCHW"),
-        ("compile", "compile", "on", "off"),
-    ):
-        value = get(config, "model", setting, default=False)
-        if cuda or value is True or value == AUTO:  # on CUDA each choice is stated, elsewhere what is not off
-            state = on if flag(value, cuda) else off
-            out.append(f"{label:<12} {describe(f'model.{setting}', value, state, cuda)}")
-    if flag(get(config, "model", "compile", default=False), cuda):
+    channels_last = get(config, "model", "channels_last", default=False)
+    if cuda or channels_last is True or channels_last == AUTO:  # on CUDA each choice is said, elsewhere what is on
+        memory = "channels_last (NHWC)" if flag(channels_last, cuda) else "NCHW"
+        out.append(f"memory       {describe('model.channels_last', channels_last, memory, cuda)}")
+    compile_ = get(config, "model", "compile", default=False)
+    compiled = flag(compile_, cuda and runs_compiled_models(strategy)) if compile_ == AUTO else compile_ is True
+    if cuda or compile_ is True or compile_ == AUTO:
+        state = "on" if compiled else "off"
+        if compile_ == AUTO and cuda and not compiled:
+            state += f", {strategy} does not run compiled models"
+        out.append(f"compile      {describe('model.compile', compile_, state, cuda)}")
+    if compiled:
         allowance = (
             f"; a first compile runs inside the start-up allowance, {startup_timeout:g} s" if startup_timeout else ""
         )

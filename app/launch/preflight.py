@@ -80,7 +80,7 @@ def build(
         max_restarts=max_restarts,
     )
     watched = (plan.launched_world_size or 1) > 1  # the hang watch, and its start-up allowance, watch several ranks
-    plan.choices = choices.lines(config, accelerator, root, startup_timeout if watched else None)
+    plan.choices = choices.lines(config, accelerator, root, startup_timeout if watched else None, plan.strategy)
     if plan.checkpoint_minutes:
         plan.checkpoint_background = get(config, "checkpoint", "background") is not False
         local = get(config, "checkpoint", "local_copy")

@@ -275,6 +275,9 @@ def test_the_imagenet_recipe_states_its_gpu_defaults_and_what_a_cuda_resume_guar
         and "NCHW (model.channels_last auto" in text
     )
     assert "fp32 matmul" not in text and "resume       " not in text and "compile_cache" not in text
+    # dp's replicas (and ddp_mp's stages) do not run compiled models: auto leaves compile off there, and says why
+    dp = build(config_of(*imagenet, "--trainer.accelerator", "gpu", "--trainer.strategy", "dp"), launch=detect({}))
+    assert "compile      off, dp does not run compiled models (model.compile auto: on CUDA)" in dp.render()
     # a value given stays as given, and says so
     given = build(config_of(*imagenet, "--trainer.accelerator", "gpu", "--model.compile", "false"), launch=detect({}))
     assert "compile      off (model.compile)" in given.render()

@@ -119,7 +119,10 @@ clean:
 # GPU_CHECK_CPU=1 runs the same check on the CPU at tiny sizes (CI); GPU_CHECK_OUT=DIR picks where results go.
 GPU_WHEELS := .gpu-wheels
 GPU_SITE := .gpu-site
-GPU_NEEDS := "jsonargparse[signatures]>=4.32" docstring-parser typeshed-client pytest torchcodec
+# torchcodec 0.17 loads with the image's torch 2.11 (checked there); nvImageCodec and the nvJPEG library its GPU decoders
+# load, for CUDA 13 as that torch (cu130). Together with the photos and data/MNIST (gzipped) about 59 MB travel.
+GPU_NEEDS := "jsonargparse[signatures]>=4.32" docstring-parser typeshed-client pytest torchcodec==0.17.0 \
+	nvidia-nvimgcodec-cu13==0.9.0.20 nvidia-nvjpeg==13.0.4.44
 GPU_PHOTO_WHEELS := scikit-image scikit-learn matplotlib
 GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 CALL ?= A
@@ -136,7 +139,7 @@ gpu-wheels:
 
 gpu-check:
 	@case "$(CALL)" in A|B) ;; *) echo "error: CALL=$(CALL): the prepared calls are CALL=A and CALL=B"; exit 2;; esac
-	@if ! $(GPU_PYTHON) -c "import jsonargparse, docstring_parser, typeshed_client, pytest, torchcodec" 2>/dev/null; then \
+	@if ! $(GPU_PYTHON) -c "import jsonargparse, docstring_parser, typeshed_client, pytest, torchcodec, nvidia.nvimgcodec" 2>/dev/null; then \
 		test -d $(GPU_WHEELS) || { echo "error: $(GPU_WHEELS)/ missing: run make gpu-wheels where there is network"; exit 1; }; \
 		timeout 40 $(GPU_PYTHON) -m pip install -q --no-index --find-links $(GPU_WHEELS) --target $(GPU_SITE) \
 			$(GPU_NEEDS) || { echo "error: the offline install of $(GPU_NEEDS) into $(GPU_SITE) failed"; exit 1; }; \

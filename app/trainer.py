@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
+from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch import Trainer as LightningTrainer
 
 from app.checkpoint import DiskFullError
+from core.device import AUTO, auto_precision, on_cuda
 
 
 class Trainer(LightningTrainer):
@@ -19,7 +21,16 @@ class Trainer(LightningTrainer):
     (one small broadcast per save), so each stops with the same :class:`DiskFullError` line. A save written in the
     background (:class:`app.checkpoint.BackgroundSaves`) reports its failure at the next save, or at
     :meth:`wait_for_saves` at the end of ``fit``.
+
+    It also takes ``precision: auto`` (the ImageNet recipes' setting): ``bf16-mixed`` when the run is on a CUDA GPU
+    with bf16, else ``32-true`` (:func:`core.device.auto_precision`; the plan says which).
     """
+
+    def __init__(self, *args: Any, precision: _PRECISION_INPUT | Literal["auto"] | None = None, **kwargs: Any) -> None:
+        """Lightning's arguments; ``precision`` also ``auto``."""
+        if precision == AUTO:
+            precision = auto_precision(on_cuda(kwargs.get("accelerator", AUTO)))  # type: ignore[assignment]
+        super().__init__(*args, precision=precision, **kwargs)
 
     def save_checkpoint(
         self, filepath: _PATH, weights_only: bool | None = None, storage_options: Any | None = None

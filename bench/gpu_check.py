@@ -10,8 +10,9 @@ still run:
   ``allreduce`` with 2 processes sharing the GPU over gloo (a real all-reduce of CUDA tensors); each precision,
   channels_last, a resume from ``last.ckpt`` (the only fit that saves checkpoints); the no-sync check (training steps
   of the default config under ``torch.cuda.set_sync_debug_mode("error")``, logging steps allowed); ``tests/gpu``.
-- call B: a compiled fit, ``bench.gpu`` (ResNet-50 img/s and MFU per precision, plain configs first) and the real
-  training loader with 16 workers in its steady state against the GPU's synthetic img/s.
+- call B: ``bench.imagenet_e2e`` (the ImageNet recipe trained from JPEG files with each decoder, beside the same
+  process's synthetic compiled rate, the data wait, a restart that reuses the compile cache, and what
+  ``--trainer.deterministic true`` costs), then ``bench.gpu`` (ResNet-50 img/s and MFU per precision).
 
 Each call writes as it goes into ``$GPU_CHECK_OUT`` (default ``bench/results/``): one JSON line per finished step in
 ``gpu_check_<call>.jsonl`` and ``gpu_check_<call>.md`` rebuilt from it after each step, so a call cut short returns
@@ -63,10 +64,13 @@ def box(gpu_s: float) -> float:
 
 
 def fit_args(workdir: Path, name: str, extra: list[str]) -> list[str]:
-    """``cli.py fit`` arguments: the ImageNet config on synthetic data, resnet18, one epoch of ``steps`` steps."""
+    """``cli.py fit`` arguments: the ImageNet config on synthetic data, resnet18, one epoch of ``steps`` steps; its
+    GPU defaults pinned off (32-true, NCHW, eager: each fit checks one thing, and none waits for a compile), the
+    step's ``extra`` turning one on."""
     z = sizes()
     return [
         "fit", "--config", str(ROOT / "configs" / "imagenet.yaml"), "--model.arch", "resnet18",
+        "--trainer.precision", "32-true", "--model.channels_last", "false", "--model.compile", "false",
         "--data.synthetic", "true", "--data.synthetic_train_size", str(z["batch"] * z["steps"]),
         "--data.synthetic_val_size", str(z["batch"]), "--data.batch_size", str(z["batch"]),
         "--data.image_size", str(z["px"]), "--data.num_workers", str(z["workers"]), "--trainer.max_epochs", "1",
@@ -144,8 +148,6 @@ def two_process_fits() -> list[tuple[str, list[str]]]:
 
 TWO_NODES = two_process_fits()
 PAIR_BOX_S = 25  # per fit of the pair
-COMPILE = ("compile", ["--model.compile", "true"], 130, "torch.compile (inductor) of resnet18, then training",
-           "torch.compile on a CPU needs a C++ toolchain and minutes")  # fmt: skip
 
 
 def _facts(trainer: Any) -> dict[str, Any]:
@@ -402,7 +404,7 @@ def nosync(ctx: Context) -> list[dict]:
     return [row]
 
 
-TESTS_BOX_S = 90
+TESTS_BOX_S = 110  # tests/gpu, the GPU decoding ones included
 
 
 def gpu_tests(ctx: Context) -> list[dict]:
@@ -410,81 +412,47 @@ def gpu_tests(ctx: Context) -> list[dict]:
     return [_subprocess_step("tests/gpu", pytest, box(TESTS_BOX_S))]
 
 
-def compiled(ctx: Context) -> list[dict]:
-    name, extra, seconds, proves, cpu_reason = COMPILE
-    if CPU:
-        return [{"step": name, "status": "skipped", "error": cpu_reason}]
-    item = {"name": name, "runs": [fit_args(ctx.workdir, name, extra)], "timeout": seconds - STARTUP_S,
-            "expect_step": sizes()["steps"], "proves": proves}  # fmt: skip
-    proc = _group([item], ctx.rows_path, ctx.workdir, "compile")
-    _wait([proc], seconds)
-    return _missing([item], ctx.rows_path, ctx.workdir, "compile", proc)
-
-
-BENCH_BOX_S = 195
+BENCH_BOX_S = 140
 
 
 def bench_gpu(ctx: Context) -> list[dict]:
     """``bench.gpu``: it writes its results after each configuration, so a cut run keeps the finished ones."""
-    args = ["--smoke", "--configs", "bf16 channels_last"] if CPU else ["--skip-mnist", "--budget-s", "125"]
+    args = ["--smoke", "--configs", "bf16 channels_last"] if CPU else ["--skip-mnist", "--budget-s", "80"]
     command = [sys.executable, "-m", "bench.gpu", *args, "--out", str(ctx.out)]
     return [_subprocess_step("bench.gpu", command, box(BENCH_BOX_S))]
 
 
-MNIST_BOX_S = 45  # the process start (imports), then two runs of the default recipe of about 2-5 s each
+E2E_BOX_S = 345  # JPEGs made, a cold ResNet-50 compile, 4 fits of ~60 steps (one recompiles), a second process
 
 
-def mnist_99(ctx: Context) -> list[dict]:
-    """MNIST to 99% on the GPU: the default recipe, the data set resident on the device, timed after a warm-up run
-    (``bench.mnist_time_to_accuracy --warmup``), against tuomaso/train_mnist_fast's 0.76 s on a GTX 1660 Ti."""
-    device = ["--smoke"] if CPU else ["--accelerator", "cuda", "--warmup"]
-    command = [sys.executable, "-m", "bench.mnist_time_to_accuracy", "--only", "app", *device,
-               "--name", "mnist_time_to_accuracy_gpu", "--out", str(ctx.out)]  # fmt: skip
-    row = _subprocess_step("MNIST to 99%, resident on the device", command, box(MNIST_BOX_S))
-    try:
-        run = json.loads((ctx.out / "mnist_time_to_accuracy_gpu.json").read_text())["runs"]["app"]
-        row["facts"] = {"train_wall_s": round(run["epochs"][-1]["train_wall_s"], 2),
-                        "test_acc": run["epochs"][-1]["test_acc"], "anchor_s": 0.76}  # fmt: skip
-    except (OSError, ValueError, KeyError, IndexError) as err:
-        row.setdefault("facts", {"train_wall_s": f"unknown ({type(err).__name__})"})
-    return [row]
-
-
-LOADER_BOX_S = 120  # the CPU workers, then (on a GPU) the same loader with --data.decode gpu
-GPU_DECODE_BOX_S = 50
-
-
-def loader(ctx: Context) -> list[dict]:
-    z = sizes()
-    command = [sys.executable, "-m", "bench.loader", "--dataloader-workers", str(z["loader_workers"]), "--images",
-               str(z["loader_images"]), "--batches", str(z["loader_batches"]), "--batch-size", str(z["loader_batch"]),
-               "--out", str(ctx.out)]  # fmt: skip
+def e2e(ctx: Context) -> list[dict]:
+    """``bench.imagenet_e2e --determinism``: the recipe from JPEG files with each decoder against the synthetic
+    compiled rate of the same process, the data wait, the restart's compile, the cost of determinism."""
+    command = [sys.executable, "-m", "bench.imagenet_e2e", "--determinism", "--out", str(ctx.out)]
+    command += ["--smoke"] if CPU else []
     photos = ROOT / ".gpu-wheels" / "photos"  # the GPU image has no scikit-image, scikit-learn, matplotlib
     env = {"BENCH_PHOTOS": str(photos)} if photos.is_dir() else None
-    name = f"training loader, {z['loader_workers']} workers"
-    row = _subprocess_step(name, command, box(LOADER_BOX_S - GPU_DECODE_BOX_S), env)
-    try:  # is the GPU starved? the loader's steady img/s against the GPU's synthetic img/s (bf16 channels_last)
-        fed = json.loads((ctx.out / "loader_dataloader.json").read_text())["img_per_s"]
-        benches = [p for p in ctx.out.glob("gpu_*.json") if not p.name.startswith("gpu_check")]
-        bench = max(benches, key=lambda p: p.stat().st_mtime)
-        gpu = next(
-            r["img_per_s"] for r in json.loads(bench.read_text())["throughput"] if r["config"].startswith("bf16")
-        )
-        row["facts"] = {"loader_img_per_s": fed, "gpu_synthetic_img_per_s": round(gpu, 1), "starved": fed < gpu}
-    except (OSError, ValueError, StopIteration, KeyError) as err:
-        row.setdefault("facts", {"starved": f"unknown ({type(err).__name__})"})
-    if CPU:
-        return [row]
-    # --data.decode gpu: nvJPEG (TorchCodec on CUDA) against the CPU workers above, the same steady-state measurement
-    gpu_row = _subprocess_step(f"training loader, decode gpu, {z['loader_workers']} workers",
-                               [*command, "--decode", "gpu"], box(GPU_DECODE_BOX_S), env)  # fmt: skip
+    row = _subprocess_step("ImageNet end to end from JPEG files", command, box(E2E_BOX_S), env)
+    row["proves"] = "img/s from JPEGs per decoder vs the synthetic compiled rate; data wait; compile cache; determinism"
     try:
-        fed_gpu = json.loads((ctx.out / "loader_dataloader_gpu.json").read_text())["img_per_s"]
-        gpu_row["facts"] = {"loader_img_per_s": fed_gpu, "cpu_decode_img_per_s": row.get("facts", {}).get(
-            "loader_img_per_s")}  # fmt: skip
+        found = max(ctx.out.glob("imagenet_e2e_*.json"), key=lambda p: p.stat().st_mtime)
+        results = json.loads(found.read_text())
+        rows = {r["input"]: r for r in results["rows"]}
+        synthetic = (rows.get("synthetic") or {}).get("img_per_s")
+        facts: dict[str, Any] = {"versions": results["versions"]}
+        for name, r in rows.items():
+            rate = r.get("img_per_s")
+            facts[name] = r.get("error", "")[-200:] or {
+                "img_per_s": round(rate, 1) if rate else None,
+                "of_synthetic": round(rate / synthetic, 3) if rate and synthetic else None,
+                "data_wait": r.get("data_wait_frac") and round(r["data_wait_frac"], 3),
+                "summary_data_wait": r.get("summary_data_wait_frac") and round(r["summary_data_wait_frac"], 3),
+                "first_step_s": round(r.get("first_step_s") or 0, 1),
+            }
+        row["facts"] = facts
     except (OSError, ValueError, KeyError) as err:
-        gpu_row.setdefault("facts", {"loader_img_per_s": f"unknown ({type(err).__name__})"})
-    return [row, gpu_row]
+        row.setdefault("facts", {"e2e": f"unknown ({type(err).__name__})"})
+    return [row]
 
 
 def rehearse_kill(ctx: Context) -> list[dict]:
@@ -530,11 +498,9 @@ CALLS: dict[str, list[tuple[str, float, Any]]] = {
         ("no-sync", NOSYNC_BOX_S, nosync),
         ("tests/gpu", TESTS_BOX_S, gpu_tests),
     ],
-    "B": [
-        ("compile", COMPILE[2], compiled),
+    "B": [  # the end-to-end figure first: a call cut short keeps it
+        ("ImageNet end to end", E2E_BOX_S, e2e),
         ("bench.gpu", BENCH_BOX_S, bench_gpu),
-        ("MNIST to 99%", MNIST_BOX_S, mnist_99),
-        ("loader", LOADER_BOX_S, loader),
     ],
 }
 

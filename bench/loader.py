@@ -143,8 +143,8 @@ def dataloader_rate(
     ``batches`` batches: the same files (from the page cache after their first read), so the generation time does not
     grow with the length of the measurement. The clock starts once the batches that were already in flight when the
     workers started (``workers x prefetch_factor``) have been taken, so the rate is that of batches made while
-    measured. With ``decode`` ``gpu`` the workers only read the files and each batch is decoded and transformed on
-    the GPU, as in training."""
+    measured. With ``decode`` ``gpu`` the workers only read the files and draw the crops, and each batch is decoded,
+    resized and normalised on the training device by nvImageCodec, as in training (its CPU backend without CUDA)."""
     from datamodules.imagenet import ImageNetDataModule
 
     train, val = make_jpegs(folder / "flat", count), make_jpegs(folder / "flat_val", 10, seed=1)
@@ -169,7 +169,7 @@ def dataloader_rate(
     start, images, measured = time.perf_counter(), 0, 0
     for batch in stream:  # decode gpu: decoded and transformed there; else as is
         images, measured = images + len(datamodule.on_before_batch_transfer(batch, 0)[0]), measured + 1
-    if decode == "gpu":
+    if decode == "gpu" and torch.cuda.is_available():
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     return {
@@ -177,6 +177,92 @@ def dataloader_rate(
         "skipped_in_flight": in_flight, "measured_batches": measured, "images": images,
         "img_per_s": round(images / seconds, 1),
     }  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------ --breakdown
+BREAKDOWN_PATHS = {  # the training paths of ImageNetDataModule, by what the workers hand over
+    "cpu decode, float32 from the workers": {"decode": "cpu", "normalize_on_device": False},
+    "cpu decode, uint8 from the workers": {"decode": "cpu", "normalize_on_device": True},
+    "gpu decode (here: nvImageCodec's CPU backend)": {"decode": "gpu"},
+}
+
+
+def _nbytes(batch: Any) -> int:
+    from datamodules.gpu_decode import EncodedBatch
+
+    if isinstance(batch, EncodedBatch):
+        return sum(t.nbytes for t in (batch.data, batch.offsets, batch.geometry, batch.labels))
+    return sum(t.nbytes for t in batch if isinstance(t, torch.Tensor))
+
+
+def breakdown(folder: Path, count: int, batch: int, rounds: int, image_size: int) -> dict[str, Any]:
+    """Where a training batch's time goes on the CPU, per path: a loader worker's seconds for the batch (read,
+    decode or draw, transform, collate; one thread, as a worker), the bytes that cross from the worker to the
+    training process, and the training process's seconds for it (``on_before_batch_transfer`` and
+    ``on_after_batch_transfer``: normalising, or decoding, resizing and normalising the batch). Interleaved rounds,
+    medians. On a GPU the training process's part of the gpu path runs on the device instead."""
+    from datamodules.imagenet import ImageNetDataModule
+
+    torch.set_num_threads(1)
+    for i, path in enumerate(make_jpegs(folder / "flat", count)):
+        (folder / "train" / f"class{i % 10}").mkdir(parents=True, exist_ok=True)
+        (folder / "val" / f"class{i % 10}").mkdir(parents=True, exist_ok=True)
+        os.link(path, folder / "train" / f"class{i % 10}" / path.name)
+        os.link(path, folder / "val" / f"class{i % 10}" / path.name)
+    loaders = {}
+    for name, options in BREAKDOWN_PATHS.items():
+        dm = ImageNetDataModule(str(folder), batch_size=batch, num_workers=0, image_size=image_size, **options)
+        dm.setup("fit")
+        loaders[name] = (dm, dm.train_dataloader())
+    times: dict[str, dict[str, list[float]]] = {n: {"worker": [], "main": []} for n in loaders}
+    sizes: dict[str, int] = {}
+    batches = [list(range(start, start + batch)) for start in range(0, count - batch + 1, batch)]
+    for _ in range(rounds):
+        for name, (dm, loader) in loaders.items():
+            for indices in batches:
+                began = time.perf_counter()
+                collated = loader.collate_fn([loader.dataset[(i, 0)] for i in indices])  # what a worker does
+                handed = time.perf_counter()
+                dm.on_after_batch_transfer(dm.on_before_batch_transfer(collated, 0), 0)
+                times[name]["worker"].append(handed - began)
+                times[name]["main"].append(time.perf_counter() - handed)
+                sizes[name] = _nbytes(collated)
+    rows = []
+    for name, measured in times.items():
+        worker, main = statistics.median(measured["worker"]), statistics.median(measured["main"])
+        rows.append(
+            {"path": name, "worker_s_per_batch": round(worker, 4), "worker_img_per_s": round(batch / worker, 1),
+             "kb_per_image_crossing": round(sizes[name] / batch / 1024, 1), "main_s_per_batch": round(main, 4),
+             "main_img_per_s": round(batch / main, 1)}
+        )  # fmt: skip
+    return {"rows": rows, "batch": batch, "images": count, "rounds": rounds, "image_size": image_size}
+
+
+def breakdown_markdown(result: dict[str, Any]) -> str:
+    lines = [
+        "# Where a training batch's time goes, per input path (`bench.loader --breakdown`)",
+        "",
+        f"Machine: {machine_line(result['machine'])}. Load average (1 min) before / after: "
+        f"{result['load_average'][0]} / {result['load_average'][1]} ({load_remark(result['load_average'], 1)}). "
+        f"Command: `{result['command']}`",
+        f"{result['images']} ImageNet-like JPEGs (about 500x375, q90), batches of {result['batch']}, training "
+        f"transform RandomResizedCrop {result['image_size']} + flip; medians over {result['rounds']} interleaved "
+        "rounds. Worker: one thread, as a loader worker (read, decode or only draw the crop, collate). Crossing: "
+        "what a worker hands the training process. Training process: its hooks before and after the transfer (CPU "
+        "device; on a GPU the gpu path's decode, resize and normalising run on the device).",
+        "",
+        "| path | worker s/batch | worker img/s (one core) | KB per image crossing | training process s/batch "
+        "| training process img/s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        idle = r["main_s_per_batch"] < 0.001  # nothing left to do there (the workers normalised)
+        main = "< 0.001 | -" if idle else f"{r['main_s_per_batch']} | {r['main_img_per_s']}"
+        lines.append(
+            f"| {r['path']} | {r['worker_s_per_batch']} | {r['worker_img_per_s']} | {r['kb_per_image_crossing']} | "
+            f"{main} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 # ------------------------------------------------------------------------------------------------ shards (--shards)
@@ -377,9 +463,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "512, each decoder, conversion time, files opened, data wait (writes loader_shards.*)",
     )
     parser.add_argument("--fit-steps", type=int, default=20, help="with --shards: steps of the data-wait fit (20)")
-    parser.add_argument("--decode", choices=("cpu", "pil", "gpu"), default="cpu", help="with --dataloader-workers: "
-                        "data.decode (gpu writes loader_dataloader_gpu.json)")  # fmt: skip
+    parser.add_argument("--decode", choices=("auto", "cpu", "pil", "gpu"), default="cpu",
+                        help="with --dataloader-workers: data.decode (gpu: loader_dataloader_gpu.json)")  # fmt: skip
+    parser.add_argument("--breakdown", action="store_true", help="instead: where a batch's time goes per input "
+                        "path, worker / crossing / training process (writes loader_breakdown.*)")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.breakdown:
+        load_before = os.getloadavg()[0]
+        with tempfile.TemporaryDirectory(prefix="bench-breakdown-") as tmp:
+            result = breakdown(Path(tmp), args.images, min(args.batch_size, args.images), args.rounds, args.image_size)
+        result |= {
+            "machine": machine(),
+            "load_average": [round(load_before, 1), round(os.getloadavg()[0], 1)],
+            "command": " ".join(["python -m bench.loader", *(argv if argv is not None else sys.argv[1:])]),
+        }
+        write_json(args.out / "loader_breakdown.json", result)
+        (args.out / "loader_breakdown.md").write_text(breakdown_markdown(result))
+        print(breakdown_markdown(result))
+        return result
     if args.shards:
         with tempfile.TemporaryDirectory(prefix="bench-shards-") as tmp:
             result = shards_run(args.images, args.rounds, Path(tmp), args.fit_steps)

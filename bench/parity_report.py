@@ -99,6 +99,13 @@ def scenarios(data_dir: str) -> list[dict]:
             "modes": AMP_MODES,
             "callbacks": ["bench.parity_report:HalveGradientsAfterBackward"],
         },
+        {  # torch.compile (Inductor) under ddp and allreduce against the eager single device: the compiled step keeps
+            # parity; the compile caches shared by both ranks and modes (the run folder's, as in training)
+            "name": "compiled",
+            "args": [*common, "--trainer.limit_train_batches", "3", "--model.compile", "true"],
+            "reference": ["--model.compile", "false"],
+            "modes": [REFERENCE, "allreduce"],
+        },
         {  # fp16 with a GradScaler: an overflow on one rank must make every rank skip the same step
             "name": "amp",
             "args": [*common, "--trainer.limit_train_batches", "3"],

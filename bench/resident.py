@@ -4,8 +4,9 @@
 default recipe as ``python cli.py fit --trainer.devices 2 --trainer.strategy ddp --trainer.accelerator cpu``
 (Lightning's launcher, gloo), one epoch, with ``--data.resident true`` and with ``--data.resident false`` (the
 per-sample path, batches stacked in the training process, as before), and reads each rank's step time and data
-wait (the share of its own time spent waiting for the next batch, measured by ``app.callbacks.Stragglers``) from the
-run's ``summary.json``. Writes ``results/resident.{json,md,png}``. ``--smoke``: 10 batches (a check of this script;
+wait and Lightning's loop between steps (shares of its whole step, measured by ``app.callbacks.Stragglers``) from the
+run's ``summary.json``, beside the whole step of the run (global batch / global images/s). Writes
+``results/resident.{json,md,png}``. ``--smoke``: 10 batches (a check of this script;
 results in runs/bench-smoke).
 """
 
@@ -36,8 +37,9 @@ def one(path: str, extra: list[str]) -> dict[str, Any]:
         config = yaml.safe_load(next(Path(tmp).glob("version_*/config.yaml")).read_text())
     global_batch = config["data"]["init_args"]["batch_size"] * summary["world size"]
     step_ms = 1000 * global_batch / summary["mean images/s (global)"]  # the whole step: compute, collectives, data
-    for r in summary["per rank"]:
-        r["data_wait_ms"] = r["step_ms"] * r["data_wait_frac"]
+    for r in summary["per rank"]:  # the summary's shares are of each rank's whole step (its own clock)
+        r["data_wait_ms"] = r["whole_step_ms"] * r["data_wait_frac"]
+        r["loop_ms"] = r["whole_step_ms"] * r["loop_frac"]
         r["data_wait_of_step"] = r["data_wait_ms"] / step_ms
     return {
         "step_ms": step_ms,
@@ -57,20 +59,21 @@ def markdown(result: dict[str, Any]) -> str:
         f"Machine: {machine_line(result['machine'])}. Command: `python -m bench.resident{extra}`: `python cli.py fit "
         f"{' '.join(DDP)}` with `--data.resident true`, then `false`, one epoch of the default recipe each.",
         "",
-        "Data wait: from the end of a rank's step to the start of its next (the next batch, and Lightning's loop "
-        "between steps). The training summary divides it by the rank's own time outside forward and backward "
-        "(`own`); here it is also divided by the whole step (global batch / global images/s).",
+        "Data wait: from the moment the training loop asks the loader for the next batch to the start of the step "
+        "(fetch and transfer); loop: the rest of the gap between two steps (Lightning's loop: hooks, logging). The "
+        "training summary gives both as shares of each rank's whole step (`summary`); the last column divides the "
+        "data wait by the run's whole step (global batch / global images/s).",
         "",
-        "| path | rank | whole step (ms) | own (ms) | data wait (ms) | data wait, % of own | data wait, % of the "
-        "whole step | images/s (global) | fit wall time (s) | load before |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| path | rank | whole step (ms) | own (ms) | data wait (ms) | loop (ms) | summary: data wait | summary: loop "
+        "| data wait, % of the run's step | images/s (global) | fit wall time (s) | load before |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for path, run in result["paths"].items():
         for r in run["per_rank"]:
             lines.append(
                 f"| {path} | {r['rank']} | {run['step_ms']:.1f} | {r['step_ms']:.1f} | {r['data_wait_ms']:.2f} | "
-                f"{r['data_wait_frac']:.1%} | {r['data_wait_of_step']:.1%} | {run['images_per_s']:,.0f} | "
-                f"{run['wall_s']} | {run['load_before']} |"
+                f"{r['loop_ms']:.2f} | {r['data_wait_frac']:.1%} | {r['loop_frac']:.1%} | {r['data_wait_of_step']:.1%} "
+                f"| {run['images_per_s']:,.0f} | {run['wall_s']} | {run['load_before']} |"
             )
     return "\n".join(lines) + "\n"
 

@@ -24,6 +24,7 @@ class ImageData(Protocol):
       processes, known once ``setup`` ran under a Trainer (``core.batch``).
     - ``config_problems(init_args)``: the class's own checks of its ``data.init_args``, run by the preflight before
       the DataModule is built (``[]``: none), each a message naming the fix.
+    - ``plan_lines(init_args, cuda)``: what the plan prints of this data (where it is decoded and normalised).
     """
 
     num_classes: int
@@ -37,3 +38,6 @@ class ImageData(Protocol):
 
     @classmethod
     def config_problems(cls, init_args: Mapping[str, Any]) -> list[str]: ...
+
+    @classmethod
+    def plan_lines(cls, init_args: Mapping[str, Any], cuda: bool) -> list[str]: ...

@@ -294,3 +294,23 @@ def nvidia_driver() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return answer[0] if answer and re.fullmatch(r"\d+\.\d+(\.\d+)?", answer[0]) else None
+
+
+# A user's own Inductor cache folder, read when this module is first imported (before anything compiles): Inductor
+# writes its default folder into the same variable the first time it compiles, after which it cannot be told apart.
+_USER_COMPILE_CACHE = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+
+
+def compile_cache(folder: str | Path) -> Path:
+    """The folder ``torch.compile`` keeps its caches in (Inductor's FX graphs, AOTAutograd's and the autotuning
+    results; Triton's kernels inside it): the user's ``TORCHINDUCTOR_CACHE_DIR`` when set, else ``folder``, set here
+    for this process before its first compile. A restart or requeued job that finds it compiles nothing again."""
+    if _USER_COMPILE_CACHE:
+        return Path(_USER_COMPILE_CACHE)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(folder).resolve())
+    return Path(folder).resolve()
+
+
+def set_default(name: str, value: str) -> str:
+    """Sets ``name`` in this process's environment unless the user did; returns the value in effect."""
+    return os.environ.setdefault(name, value)

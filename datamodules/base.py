@@ -148,6 +148,11 @@ class ImageDataModule(LightningDataModule):
         """This class's checks of its ``data.init_args`` before it is built (the preflight asks); none here."""
         return []
 
+    @classmethod
+    def plan_lines(cls, init_args: Any, cuda: bool) -> list[str]:
+        """What the preflight plan says of this data before it is built (``cuda``: the run is on CUDA); none here."""
+        return []
+
     @property
     def global_batch_size(self) -> int | None:
         """Images per optimizer step over all processes, known once ``setup()`` has run under a Trainer."""

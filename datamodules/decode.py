@@ -6,8 +6,9 @@
   successor of the deprecated ``torchvision.io.decode_jpeg``, as fast in a loader worker:
   ``bench/results/loader.md``); anything else, and any JPEG that TorchCodec refuses, through PIL.
 - ``pil``: PIL for every image (the decoder torchvision's ImageFolder uses), for comparison.
-- ``gpu``: the workers only read the bytes; the main process decodes each batch on its GPU with nvJPEG (TorchCodec
-  on CUDA) and the transforms run there. Needs CUDA.
+- ``gpu``: the workers only read the bytes and draw the crops; the training process decodes each batch with
+  nvImageCodec on its device, then resizes and normalises it there (:mod:`datamodules.gpu_decode`);
+- ``auto``: ``gpu`` on CUDA where nvImageCodec and its nvJPEG library load, else ``cpu`` (the plan says which, and why).
 
 Reduced-size decoding: libjpeg can decode a JPEG at 1/2, 1/4 or 1/8 of its size in the DCT domain, much cheaper
 than decoding it whole and shrinking it afterwards. TorchCodec has no such option, so those JPEGs go through PIL
@@ -38,8 +39,8 @@ from torchvision.transforms import v2
 
 from core.errors import UserError
 
-Decoder = Literal["cpu", "pil", "gpu"]
-DECODERS = ("cpu", "pil", "gpu")
+Decoder = Literal["auto", "cpu", "pil", "gpu"]
+DECODERS = ("auto", "cpu", "pil", "gpu")
 JPEG_MAGIC = b"\xff\xd8\xff"
 EXIF_ORIENTATION = 0x0112  # the tag TorchCodec applies and PIL does not
 RANDOM_CROP_MIN_SCALE = 0.08  # torchvision's RandomResizedCrop default area fraction (and ratio 3/4 .. 4/3)
@@ -56,11 +57,6 @@ class _Skipped:
 
     def __init__(self, path: str) -> None:
         self.path = path
-
-
-def encoded(data: bytes) -> torch.Tensor:
-    """Encoded image bytes as a 1-D uint8 tensor (what ``--data.decode gpu`` workers hand over)."""
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
 def min_side_for(image_size: int, train: bool, crop_ratio: float = 0.875) -> int:
@@ -175,12 +171,12 @@ def _torchcodec() -> Callable[..., Any] | None:
     return decode_jpeg
 
 
-def decode_jpeg_tensor(data: bytes, device: str | torch.device = "cpu") -> torch.Tensor:
-    """One JPEG through TorchCodec (libjpeg-turbo on CPU, nvJPEG on CUDA); RuntimeError if it refuses the bytes."""
+def decode_jpeg_tensor(data: bytes) -> torch.Tensor:
+    """One JPEG through TorchCodec's libjpeg-turbo decoder; RuntimeError if it refuses the bytes."""
     decode_jpeg = _torchcodec()
     if decode_jpeg is None:
         raise RuntimeError("TorchCodec cannot be loaded")
-    return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode="RGB", device=device)
+    return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode="RGB")
 
 
 def read(path: str) -> bytes:

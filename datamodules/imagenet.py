@@ -18,6 +18,7 @@ on the accelerator after the transfer (the prefetcher trick of the Apex ImageNet
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import warnings
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 from torchvision.datasets import ImageFolder
 from torchvision.transforms import v2
 
+from core.device import AUTO, Auto, describe, flag
 from core.errors import UserError, with_link
 from datamodules.base import ImageDataModule, Workers
 from datamodules.decode import (
@@ -35,12 +37,18 @@ from datamodules.decode import (
     Decoder,
     UnreadableImageError,
     _Skipped,
-    decode,
     decode_for,
-    decode_jpeg_tensor,
-    encoded,
     min_side_for,
     read,
+)
+from datamodules.gpu_decode import (
+    BatchDecoder,
+    EncodedBatch,
+    collate_encoded,
+    draw,
+    gpu_decoding,
+    input_dtype,
+    nvimgcodec,
 )
 from datamodules.shards import PLAN, ShardDataset, is_shards, read_manifest
 
@@ -69,12 +77,13 @@ class ImageFolderChecked(ImageFolder):
         self.decoder = decoder
         self.min_side = min_side
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int] | _Skipped:
+    def __getitem__(self, index: int) -> tuple[Any, ...] | _Skipped:
         path, target = self.samples[index]
-        if self.decoder == "gpu":  # the bytes only: the main process decodes the batch on its GPU
-            return encoded(read(path)), target
+        data = read(path)
         try:
-            image, transform = decode_for(read(path), self.transform, self.decoder, self.min_side)
+            if self.decoder == "gpu":  # the bytes and the crop's draws: the training process decodes the batch
+                return data, draw(data, self.transform), target, path
+            image, transform = decode_for(data, self.transform, self.decoder, self.min_side)
         except (OSError, ValueError, SyntaxError) as err:  # PIL's UnidentifiedImageError and truncation are OSErrors
             if self.skip_unreadable:
                 return _Skipped(path)
@@ -95,30 +104,6 @@ def collate_skipping(batch: list) -> tuple[torch.Tensor, torch.Tensor, list[str]
         )
     images, labels = default_collate(kept)
     return images, labels, skipped
-
-
-def collate_encoded(batch: list) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Variable-length encoded images stay a list; the labels are stacked."""
-    return [b[0] for b in batch], torch.as_tensor([b[1] for b in batch])
-
-
-def decode_on_device(images: list[torch.Tensor], transform: Any, device: torch.device) -> torch.Tensor:
-    """``--data.decode gpu``: decodes a batch of encoded images on ``device`` (nvJPEG through TorchCodec, one call for
-    the batch), then runs ``transform`` on each there; a file nvJPEG refuses is decoded on the CPU (PIL) instead.
-    Unverified on a GPU here (no CUDA on the development machine); ``make gpu-check`` measures it."""
-    from torchcodec.decoders import decode_jpeg
-
-    try:
-        pixels = decode_jpeg(images, mode="RGB", device=device)
-    except RuntimeError:  # one bad or non-JPEG file in the batch: each on its own
-        pixels = []
-        for data in images:
-            try:
-                pixels.append(decode_jpeg_tensor(data.numpy().tobytes(), device))
-            except RuntimeError:
-                pil = decode(data.numpy().tobytes(), "pil")
-                pixels.append(v2.functional.pil_to_tensor(pil).to(device))
-    return torch.stack([transform(p) for p in pixels])
 
 
 class SyntheticImages(Dataset):
@@ -179,15 +164,17 @@ class ImageNetDataModule(ImageDataModule):
             exceed its CPUs; a warning says when they do.
         image_size: training crop and evaluation center crop (224 classic); evaluation resizes to image_size / 0.875.
         normalize_on_device: workers produce uint8 tensors; float conversion and normalisation happen on the device.
+            ``auto``: on CUDA only.
         skip_unreadable: skip images that cannot be decoded (each rank reports how many) instead of stopping.
         synthetic: random images and labels instead of files, for benchmarks and for isolating the input pipeline
             (uint8, always normalised on the device).
         synthetic_train_size: number of synthetic training images (ImageNet's by default).
         synthetic_val_size: number of synthetic validation images (ImageNet's by default).
         num_classes: classes; by default the number of class folders in ``train/`` (1000 when synthetic).
-        decode: ``cpu`` (TorchCodec for JPEGs, PIL for the rest), ``pil``, or ``gpu`` (nvJPEG on the training
-            device, needs CUDA); see :mod:`datamodules.decode`. JPEGs much larger than the transform needs are
-            decoded at reduced size on the CPU.
+        decode: ``cpu`` (TorchCodec for JPEGs, PIL for the rest, in the loader workers), ``pil``, ``gpu``
+            (nvImageCodec decodes each batch on the training device: :mod:`datamodules.gpu_decode`), or ``auto``
+            (``gpu`` on CUDA where nvImageCodec and nvJPEG load, else ``cpu``); see :mod:`datamodules.decode`. On the
+            CPU, JPEGs much larger than the transform needs are decoded at reduced size.
     """
 
     in_channels = 3
@@ -201,13 +188,13 @@ class ImageNetDataModule(ImageDataModule):
         global_batch_size: int | None = None,
         num_workers: Workers = 8,
         image_size: int = 224,
-        normalize_on_device: bool = False,
+        normalize_on_device: bool | Auto = AUTO,
         skip_unreadable: bool = False,
         synthetic: bool = False,
         synthetic_train_size: int = TRAIN_SIZE,
         synthetic_val_size: int = VAL_SIZE,
         num_classes: int | None = None,
-        decode: Decoder = "cpu",
+        decode: Decoder = AUTO,
     ) -> None:
         super().__init__(batch_size=batch_size, global_batch_size=global_batch_size, num_workers=num_workers)
         if image_size < 8:
@@ -219,6 +206,9 @@ class ImageNetDataModule(ImageDataModule):
         self.save_hyperparameters(ignore=["num_classes"])
         self.data_dir = Path(data_dir)
         self.skipped: list[str] = []
+        self.decoder: Decoder = "cpu"  # data.decode and normalize_on_device as resolved in setup() (``auto``)
+        self.normalizes_on_device = False
+        self._batch_decoder: BatchDecoder | None = None
         folders = self._class_folders(self.data_dir) if not synthetic else []
         self.num_classes = num_classes or len(folders) or NUM_CLASSES
         if problems := self.config_problems(self.hparams):  # the CLI's preflight has said it already
@@ -259,7 +249,7 @@ class ImageNetDataModule(ImageDataModule):
                 self.data_dir,
                 split,
                 self._transform(train),
-                decoder=self.hparams.decode,
+                decoder=self.decoder,
                 min_side=min_side_for(self.hparams.image_size, train),
                 skip_unreadable=self.hparams.skip_unreadable,
             )
@@ -293,7 +283,7 @@ class ImageNetDataModule(ImageDataModule):
                 root,
                 transform,
                 skip_unreadable=self.hparams.skip_unreadable,
-                decoder=self.hparams.decode,
+                decoder=self.decoder,
                 min_side=min_side_for(self.hparams.image_size, train),
             )
         except FileNotFoundError as err:  # ImageFolder: no class folder or no image in one
@@ -313,17 +303,57 @@ class ImageNetDataModule(ImageDataModule):
         return dataset
 
     def _transform(self, train: bool) -> v2.Compose:
-        # uint8 when normalised on the device; always under decode gpu, whose transform runs there
-        uint8 = self.hparams.normalize_on_device or self.hparams.decode == "gpu"
+        # uint8 when normalised on the device; always under decode gpu (only its draws are used, in the workers)
+        uint8 = self.normalizes_on_device or self.decoder == "gpu"
         return classic_transforms(self.hparams.image_size, train, uint8=uint8)
+
+    def _device(self) -> torch.device:
+        if self.trainer is not None:
+            return self.trainer.strategy.root_device
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    @staticmethod
+    def _decoder_for(decode: str, cuda: bool) -> tuple[Decoder, str]:
+        """The decoder ``data.decode`` gives on this device, and why (``auto``'s choice, as the plan says it)."""
+        if decode != AUTO:
+            return decode, f"data.decode {decode}"  # type: ignore[return-value]
+        gpu, why = gpu_decoding(cuda)
+        return ("gpu" if gpu else "cpu"), f"data.decode auto: {why}"
+
+    def _resolve_auto(self) -> None:
+        """``data.decode`` and ``normalize_on_device`` on this rank's device; ``gpu`` needs nvImageCodec."""
+        cuda = self._device().type == "cuda"
+        self.decoder, why = self._decoder_for(self.hparams.decode, cuda)
+        self.normalizes_on_device = flag(self.hparams.normalize_on_device, cuda)
+        if self.decoder == "gpu" and nvimgcodec()[0] is None:
+            raise ImageNetDataError(f"{why}: {gpu_decoding(True)[1]}; or --data.decode cpu (TorchCodec, portable).")
+
+    @classmethod
+    def plan_lines(cls, init_args: Any, cuda: bool) -> list[str]:
+        """What the plan says of this data before anything is built: the decoder and where normalising runs."""
+        if init_args.get("synthetic"):
+            return ["data         synthetic uint8 images, normalised on the device"]
+        decoder, why = cls._decoder_for(init_args.get("decode", AUTO), cuda)
+        given = init_args.get("normalize_on_device", AUTO)
+        if decoder == "gpu":
+            module = nvimgcodec()[0]
+            version = module.__version__ if module else "(not installed)"
+            where = "the training device" if cuda else "the CPU (its CPU backend)"
+            return [
+                f"decode       gpu: nvImageCodec {version} on {where}; the loader workers read bytes, draw the crops "
+                f"({why})",
+                "normalise    on the device, with the decoding (data.decode gpu)",
+            ]
+        engine = _torchcodec_version() if decoder == "cpu" else "PIL"
+        where = "on the device" if flag(given, cuda) else "in the loader workers"
+        return [
+            f"decode       {decoder}: {engine} in the loader workers ({why})",
+            f"normalise    {describe('data.normalize_on_device', given, where, cuda)}",
+        ]
 
     def setup(self, stage: str | None = None) -> None:
         # here, not in __init__: the CLI wraps an __init__ error into its own long message
-        if self.hparams.decode == "gpu" and not torch.cuda.is_available():
-            raise ImageNetDataError(
-                "data.decode gpu decodes on the GPU with nvJPEG, but this machine has no CUDA device: "
-                "use --data.decode cpu (the default) here."
-            )
+        self._resolve_auto()
         super().setup(stage)
         size = self.hparams.image_size
         if self.hparams.synthetic:
@@ -351,7 +381,7 @@ class ImageNetDataModule(ImageDataModule):
         )
 
     def _collate(self) -> dict[str, Any]:
-        if self.hparams.decode == "gpu" and not self.hparams.synthetic:
+        if self.decoder == "gpu" and not self.hparams.synthetic:
             return {"collate_fn": collate_encoded}
         return {"collate_fn": collate_skipping} if self.hparams.skip_unreadable and not self.hparams.synthetic else {}
 
@@ -375,12 +405,14 @@ class ImageNetDataModule(ImageDataModule):
         return (self.in_channels, self.hparams.image_size, self.hparams.image_size)
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        if self.hparams.decode == "gpu" and isinstance(batch, (list, tuple)) and isinstance(batch[0], list):
-            images, labels = batch
-            training = self.trainer.training if self.trainer is not None else True
-            device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cuda")
-            return decode_on_device(images, self._transform(training), device), labels
-        return batch
+        if not isinstance(batch, EncodedBatch):
+            return batch
+        if self._batch_decoder is None:  # made on first use, on this rank's device
+            skip = self.hparams.skip_unreadable
+            self._batch_decoder = BatchDecoder(self._device(), self.hparams.image_size, skip_unreadable=skip)
+        precision = str(self.trainer.precision) if self.trainer is not None else "32-true"
+        images, labels = self._batch_decoder(batch, input_dtype(precision))
+        return (images, labels, batch.skipped) if batch.skipped else (images, labels)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         if isinstance(batch, torch.Tensor):  # the model summary's example input: float images, no labels
@@ -389,11 +421,11 @@ class ImageNetDataModule(ImageDataModule):
         if rest:
             self._note_skipped(rest[0])
         if images.dtype == torch.uint8:
-            # Lightning already cast the batch to the precision's input dtype (16-true, bf16-true) before this hook,
-            # when it was still uint8: cast the normalised float32 images the same way
-            images = normalize(images)
-            if self.trainer is not None:
-                images = self.trainer.precision_plugin.convert_input(images)
+            # Lightning casts a batch to the precision's input dtype before this hook, when it is still uint8: the
+            # normalised images are made in it here, as the GPU decoder makes them (bf16 for bf16-mixed: every input
+            # path hands the step the same dtype, so a compiled step has one graph)
+            precision = str(self.trainer.precision) if self.trainer is not None else "32-true"
+            images = normalize(images).to(input_dtype(precision))
         return images, labels
 
     def _note_skipped(self, paths: list[str]) -> None:
@@ -402,6 +434,17 @@ class ImageNetDataModule(ImageDataModule):
         self.skipped.extend(paths)
 
     def teardown(self, stage: str) -> None:
+        decoded = self._batch_decoder
+        if decoded is not None:
+            self.skipped += decoded.skipped
+            if decoded.fallbacks:
+                rank = self.trainer.global_rank if self.trainer is not None else 0
+                warnings.warn(
+                    f"rank {rank}: {len(decoded.fallbacks)} image(s) nvImageCodec could not decode were decoded on the "
+                    f"CPU instead, e.g. {decoded.fallbacks[0]}",
+                    stacklevel=2,
+                )
+            decoded.skipped, decoded.fallbacks = [], []
         if self.skipped:
             rank = self.trainer.global_rank if self.trainer is not None else 0
             stage = getattr(stage, "value", stage)  # the Trainer passes its TrainerFn enum
@@ -410,3 +453,10 @@ class ImageNetDataModule(ImageDataModule):
                 stacklevel=2,
             )
             self.skipped = []
+
+
+def _torchcodec_version() -> str:
+    try:
+        return f"TorchCodec {importlib.metadata.version('torchcodec')}"
+    except importlib.metadata.PackageNotFoundError:
+        return "PIL (TorchCodec not installed)"

@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -154,6 +155,7 @@ class ResumableLoader(DataLoader):
         self.progress = progress
         self._position = (sampler.epoch, 0)  # (epoch, batches handed to the training loop)
         self._pending: dict[str, int] | None = None
+        self.asked_at: float | None = None  # time.perf_counter() of the training loop's latest request for a batch
 
     @property
     def _index_sampler(self) -> Any:
@@ -216,7 +218,15 @@ class ResumableLoader(DataLoader):
         batches = self._start()
         epoch = self.sampler.epoch  # type: ignore[attr-defined]
         self._position = (epoch, batches)
-        for batch in super().__iter__():
+        iterator = super().__iter__()
+        while True:
+            # when the training loop asked for this batch: the rank's wait for its data starts here (app.callbacks.
+            # throughput.gap_parts), the rest of the gap between two steps is Lightning's loop
+            self.asked_at = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
             batches += 1
             self._position = (epoch, batches)
             yield batch

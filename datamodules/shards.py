@@ -53,7 +53,8 @@ from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_datas
 
 from core.errors import UserError
 from datamodules.base import available_cpus
-from datamodules.decode import Decoder, UnreadableImageError, _Skipped, decode, decode_for, encoded
+from datamodules.decode import Decoder, UnreadableImageError, _Skipped, decode, decode_for
+from datamodules.gpu_decode import draw
 
 FORMAT, VERSION = "dptrain-shards", 1
 MANIFEST, PLAN = "manifest.json", "plan.json"
@@ -390,7 +391,7 @@ class ShardDataset(Dataset):
         root: the converted folder (with ``manifest.json``).
         split: ``train`` or ``val``.
         transform: applied to the decoded image, as in the folder pipeline.
-        decoder: see :mod:`datamodules.decode`; ``gpu`` returns the encoded bytes.
+        decoder: see :mod:`datamodules.decode`; ``gpu`` returns the encoded bytes and the crop's draws.
         min_side: reduced-size decoding threshold (:func:`datamodules.decode.min_side_for`).
         skip_unreadable: return a skip marker instead of raising for an image that cannot be decoded.
     """
@@ -444,12 +445,12 @@ class ShardDataset(Dataset):
         """The source file of sample ``index`` (read only for messages)."""
         return (self.root / self.split / "keys.txt").read_text().splitlines()[index]
 
-    def __getitem__(self, index: int) -> tuple[Any, int]:
+    def __getitem__(self, index: int) -> tuple[Any, ...] | _Skipped:
         shard, offset, size, label, _ = (int(v) for v in self.index[index])
         data = os.pread(self._fd(shard), size, offset)
-        if self.decoder == "gpu":
-            return encoded(data), label
         try:
+            if self.decoder == "gpu":  # the bytes and the crop's draws: the training process decodes the batch
+                return data, draw(data, self.transform), label, f"{self.files[shard].name}@{offset}"
             image, transform = decode_for(data, self.transform, self.decoder, self.min_side)
         except (OSError, ValueError, SyntaxError) as err:
             where = f"{self.files[shard]} at byte {offset} ({self.key(index)})"

@@ -7,6 +7,7 @@ across ranks when they are computed, so accuracies are exact for any world size.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -18,10 +19,13 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from core.batch import BatchPlan, linear_scaled_lr
+from core.device import Auto, flag
+from core.env import compile_cache
 from core.errors import UserError
 from core.logging_steps import is_logging_step
 from modules import zoo
 
+COMPILE_CACHE = "compile_cache"  # in the run folder: a restart, a requeue or the next run there compiles nothing again
 FP16_EPS = 1e-4  # the eps an optimizer gets under 16-true when its own is 0 in float16 (_fp16_safe_eps)
 
 
@@ -45,11 +49,14 @@ class ImageClassifier(LightningModule):
             None: ``lr`` is used as given.
         warmup_epochs: ramp the learning rate linearly from ~0 to its scheduled value over this many epochs
             (counted in optimizer steps; 0 = no warmup; Goyal et al. use 5 for large batches).
-        channels_last: keep weights and inputs in NHWC memory format (faster convolutions on tensor cores).
-        compile: compile the network with ``torch.compile`` (parameter names stay unchanged in checkpoints).
+        channels_last: keep weights and inputs in NHWC memory format (faster convolutions on tensor cores);
+            ``auto``: on CUDA only.
+        compile: compile the network with ``torch.compile`` (parameter names stay unchanged in checkpoints), its
+            caches kept in ``<run folder>/compile_cache`` (:func:`core.env.compile_cache`) so that a restart does not
+            compile again; ``auto``: on CUDA, where the strategy runs compiled models (not ``dp``'s replicas).
         float32_matmul_precision: ``high`` lets float32 matrix multiplications use TF32 tensor cores (Ampere and
             newer; cuDNN convolutions already do by default), as ``torch.set_float32_matmul_precision``; set when
-            the run starts, for the whole process. None leaves PyTorch's setting (``highest``) alone.
+            a run on CUDA starts, for the whole process. None leaves PyTorch's setting (``highest``) alone.
     """
 
     # `make mutation` leaves __init__ as it is: a mutmut trampoline there hides its arguments from save_hyperparameters
@@ -65,17 +72,15 @@ class ImageClassifier(LightningModule):
         label_smoothing: float = 0.0,
         lr_reference_batch_size: int | None = None,
         warmup_epochs: float = 0.0,
-        channels_last: bool = False,
-        compile: bool = False,
+        channels_last: bool | Auto = False,
+        compile: bool | Auto = False,
         float32_matmul_precision: Literal["highest", "high", "medium"] | None = None,
     ) -> None:  # pragma: no mutate block
         super().__init__()
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
         self.net = zoo.build(arch, num_classes=num_classes, in_channels=in_channels, weights=weights)
-        if channels_last:
-            self.net = self.net.to(memory_format=torch.channels_last)
-        if compile:
-            self.net.compile()  # in place: the state_dict keeps its names (no ``_orig_mod.`` prefix)
+        self.channels_last = False  # as resolved for the device (``auto``: at setup)
+        self._apply_gpu_choices(flag(channels_last, False), flag(compile, False))
         # images evaluated per stage, summed over ranks: proves exact evaluation ("evaluated 50000/50000")
         self.eval_counts = {"val": 0, "test": 0}
         self.evaluated: dict[str, tuple[int, int]] = {}
@@ -95,18 +100,32 @@ class ImageClassifier(LightningModule):
             }
         )
 
+    def _apply_gpu_choices(self, channels_last: bool, compile: bool) -> None:
+        if channels_last and not self.channels_last:
+            self.net = self.net.to(memory_format=torch.channels_last)
+            self.channels_last = True
+        if compile and self.net._compiled_call_impl is None:
+            self.net.compile()  # in place: the state_dict keeps its names (no ``_orig_mod.`` prefix)
+
     def setup(self, stage: str) -> None:
-        if self.hparams.get("float32_matmul_precision"):
+        cuda = self._trainer is not None and self.trainer.strategy.root_device.type == "cuda"
+        # dp's replicas cannot run a compiled model (app.strategies.dp): compile auto leaves it to them
+        compiles = getattr(self.trainer.strategy, "runs_compiled_models", True) if self._trainer is not None else True
+        compile = flag(self.hparams.get("compile", False), cuda and compiles)
+        self._apply_gpu_choices(flag(self.hparams.get("channels_last", False), cuda), compile)
+        if compile and self._trainer is not None:
+            compile_cache(Path(self.trainer.default_root_dir) / COMPILE_CACHE)
+        if cuda and self.hparams.get("float32_matmul_precision"):
             torch.set_float32_matmul_precision(self.hparams.float32_matmul_precision)
         # The model summary runs this input through the network for its FLOPs and in/out sizes column (all 0
         # without it), in the dtype the precision gives real batches (16-true/bf16-true weights refuse float32).
         # Not with compile: the summary's no_grad forward would compile a second graph at start-up.
         shape = getattr(self.trainer.datamodule, "input_shape", None) if self._trainer is not None else None
-        if shape is not None and not self.hparams.get("compile"):
+        if shape is not None and self.net._compiled_call_impl is None:
             self.example_input_array = self.trainer.precision_plugin.convert_input(torch.zeros(1, *shape))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.hparams.get("channels_last") and x.dim() == 4:
+        if self.channels_last and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
         return self.net(x)
 

@@ -41,6 +41,7 @@ from app.collectives import check_collectives
 from app.launch.group import end_process_group
 from app.strategies.layout import REFERENCE, declared_modes, layout_of, parity_modes
 from app.sync_batchnorm import with_sync_batchnorm
+from core.device import AUTO, auto_precision, on_cuda
 from tools.torchrun import run_torchrun_job
 
 _QUIET = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False, "enable_model_summary": False}
@@ -55,6 +56,11 @@ def build(args: list[str], workdir: Path) -> tuple[Any, Any, Any]:
     return built.model, built.datamodule, built.config.trainer
 
 
+def resolved_precision(precision: Any, accelerator: Any) -> Any:
+    """The config's precision, ``auto`` resolved as the app's Trainer does (the ImageNet recipe's)."""
+    return auto_precision(on_cuda(accelerator)) if precision == AUTO else precision
+
+
 def _trainer(config: Any, steps: int, **kwargs: Any) -> Any:
     from lightning.pytorch import Trainer
 
@@ -67,7 +73,7 @@ def _trainer(config: Any, steps: int, **kwargs: Any) -> Any:
         "num_sanity_val_steps": 0,
         "accumulate_grad_batches": config.accumulate_grad_batches,
         "gradient_clip_val": config.gradient_clip_val,
-        **({} if plugins else {"precision": config.precision}),
+        **({} if plugins else {"precision": resolved_precision(config.precision, kwargs.get("accelerator"))}),
         "sync_batchnorm": config.sync_batchnorm,
         "plugins": with_sync_batchnorm(plugins) if config.sync_batchnorm else plugins or None,  # as app.cli does
         **_QUIET,
@@ -155,7 +161,15 @@ def _facts(trainer: Any, model: nn.Module, initial: torch.Tensor, checkpoint: Pa
     if hasattr(trainer.strategy, "sync_buffers"):  # allreduce: a checkpoint makes BatchNorm buffers agree
         trainer.save_checkpoint(checkpoint)
         facts["buffers_identical"] = _same_on_all_ranks(_digest(list(model.buffers())))
+        facts["checkpoint"] = str(checkpoint)
     return facts
+
+
+def _compiled_graphs() -> int:
+    """Graphs torch.compile has made in this process so far (a compiled scenario must have made some)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def _run_scenario(scenario: dict, steps: int, nproc: int, workdir: Path, accelerator: str) -> dict[str, Any]:
@@ -170,10 +184,13 @@ def _run_scenario(scenario: dict, steps: int, nproc: int, workdir: Path, acceler
         model = copy.deepcopy(model0)
         extras = _scenario_extras(scenario, accelerator)
         trainer = _trainer(config, steps, accelerator=accelerator, devices=nproc, strategy=mode, **extras)
+        graphs = _compiled_graphs()
         trainer.fit(model, datamodule=datamodule)
         if "sampler" not in out:
             out["sampler"] = _sampler_facts(trainer.train_dataloader)
         out["modes"][mode] = _facts(trainer, model, initial, workdir / f"{scenario['name']}.{mode}.ckpt")
+        if any(m._compiled_call_impl is not None for m in model.modules()):  # torch.compile made (or reused) graphs
+            out["modes"][mode]["compiled_graphs"] = _compiled_graphs() - graphs
         if dist.get_rank() == 0:
             torch.save(_flat(list(model.parameters())), workdir / f"{scenario['name']}.{mode}.pt")
     return out
@@ -233,9 +250,9 @@ def run_single(
     scenario: dict, facts: dict, world: int, steps: int, workdir: Path, strategy: str = "auto"
 ) -> torch.Tensor:
     """The single-device reference (or ``dp`` over ``world`` GPUs) on the global batches; returns its parameters."""
-    model, datamodule, config = build(
-        [*scenario["args"], "--trainer.devices", "1", "--trainer.strategy", "auto"], workdir
-    )
+    # a scenario's ``reference`` arguments change the reference only (a compiled mode against the eager model)
+    args = [*scenario["args"], *scenario.get("reference", []), "--trainer.devices", "1", "--trainer.strategy", "auto"]
+    model, datamodule, config = build(args, workdir)
     datamodule.setup("fit")
     loader = datamodule.train_dataloader()
     batches = GlobalBatchSampler(len(loader.dataset), world, facts["batch_size"], facts["seed"], facts["shuffle"])

@@ -26,7 +26,8 @@ def _find(trainer: Trainer, kind: type) -> Any:
 
 class TrainingSummary(Callback):
     """At the end of ``fit``, rank 0 prints best and last validation accuracy, time to target (with
-    :class:`StopAtAccuracy`), mean throughput (with :class:`Throughput`), skipped AMP steps (with :class:`AMPHealth`),
+    :class:`StopAtAccuracy`), mean throughput and the shares of the step spent waiting for data and in Lightning's
+    loop (with :class:`Throughput`), skipped AMP steps (with :class:`AMPHealth`),
     world size, strategy and precision, then (with :class:`Stragglers`, more than one process) the per-rank step
     time table naming the slowest rank, and writes the same figures to ``summary.json`` in the run folder.
 
@@ -78,6 +79,9 @@ class TrainingSummary(Callback):
             "target": stop.target if stop else None,
             "time to target": stop.result if stop else None,
             "mean images/s (global)": throughput.mean_images_per_sec if throughput else None,
+            # rank 0's shares of its training time (every rank's: the per-rank table below)
+            "waiting for data": _share(throughput.data_wait_frac) if throughput else None,
+            "Lightning's loop between steps": _share(throughput.loop_frac) if throughput else None,
             "devices": data_parallel_devices(trainer),
             "world size": trainer.world_size,
             "strategy": type(trainer.strategy).__name__,
@@ -117,6 +121,10 @@ class TrainingSummary(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.best, self.last = state_dict.get("best"), state_dict.get("last")
         self.faults, self._saved_at = list(state_dict.get("faults") or []), state_dict.get("saved_at")
+
+
+def _share(fraction: float | None) -> str | None:
+    return None if fraction is None else f"{fraction:.1%} of the step"
 
 
 def _fmt(value: Any) -> str:

@@ -250,19 +250,24 @@ def config_problems(config: Any) -> list[str]:
     return problems + data_problems(config)
 
 
+def data_class(config: Any) -> Any:
+    """The DataModule class ``data.class_path`` names, imported; None without one or for an unknown class (the parser
+    says so)."""
+    import importlib
+
+    module, _, name = str(getattr(config.get("data"), "class_path", "") or "").rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name) if module else None
+    except (ImportError, AttributeError):
+        return None
+
+
 def data_problems(config: Any) -> list[str]:
     """The DataModule's own checks of its arguments (``core.datamodule.ImageData.config_problems``; a DataModule
     that is not one has none), before it is built: an error raised while jsonargparse builds it would arrive inside
     its union's long message."""
-    import importlib
-
-    data = config.get("data")
-    module, _, name = str(getattr(data, "class_path", "") or "").rpartition(".")
-    try:
-        check = getattr(getattr(importlib.import_module(module), name), "config_problems", None) if module else None
-    except (ImportError, AttributeError):  # an unknown class: the parser says so
-        return []
-    return list(check(data.get("init_args") or {})) if callable(check) else []
+    check = getattr(data_class(config), "config_problems", None)
+    return list(check(config.get("data").get("init_args") or {})) if callable(check) else []
 
 
 @dataclass
@@ -355,7 +360,7 @@ def too_few_gpus_for_the_processes(m: Machine) -> str | None:
 
 
 def compile_refused(m: Machine) -> str | None:
-    if not (m.plan.layout.splits_batch and m.on_gpu and m.need > 1 and get(m.config, "model", "compile")):
+    if not (m.plan.layout.splits_batch and m.on_gpu and m.need > 1 and get(m.config, "model", "compile") is True):
         return None
     return COMPILE_REFUSED
 

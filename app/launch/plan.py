@@ -63,6 +63,7 @@ class Plan:
     checkpoint_background: bool = True  # saves during training written by a thread (--checkpoint.background)
     local_copy: str | None = None  # the node-local folder of last.ckpt's copy (--checkpoint.local_copy), or None
     max_restarts: int = 0  # --launch.max_restarts (fit only); torch's elastic agent starts the ranks: ``by_agent``
+    choices: list[str] = field(default_factory=list)  # how it computes (app.launch.choices), printed after the lr
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -180,6 +181,7 @@ class Plan:
         lines += [
             f"batch        {per_device} per {'process' if self.layout.splits_batch else 'device'}, global {total}",
             f"lr           {self._describe_lr(total)}",
+            *self.choices,
             f"run dir      {self.root_dir}",
             f"resume from  {self.resume or 'nothing (fresh start)'}",
         ]

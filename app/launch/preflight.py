@@ -16,12 +16,14 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from app import run_dir
 from app.checkpoint import local_root
+from app.launch import choices
 from app.launch.checks import config_problems, launch_problems, machine_problems
 from app.launch.plan import Plan, device_count
 from app.launch.requeue import SCRIPT_OWNS
 from app.resume import Resume, decide
 from app.strategies.layout import layout_of, strategy_name
 from core.config import get
+from core.device import AUTO, auto_precision, on_cuda
 from core.env import Launch, detect
 from core.errors import with_link
 
@@ -63,7 +65,7 @@ def build(
         global_batch_size=get(config, "data", "global_batch_size"),
         lr=get(config, "model", "optimizer", "lr"),
         lr_reference_batch_size=get(config, "model", "lr_reference_batch_size"),
-        precision=str(trainer.get("precision") or "32-true"),
+        precision=str(trainer.get("precision") or "32-true").replace(AUTO, auto_precision(on_cuda(accelerator))),
         root_dir=root,
         resume=resume.describe() if resume.path is not None or resume.source != "none" else None,
         timeout=timeout,
@@ -77,6 +79,8 @@ def build(
         else None,
         max_restarts=max_restarts,
     )
+    watched = (plan.launched_world_size or 1) > 1  # the hang watch, and its start-up allowance, watch several ranks
+    plan.choices = choices.lines(config, accelerator, root, startup_timeout if watched else None, plan.strategy)
     if plan.checkpoint_minutes:
         plan.checkpoint_background = get(config, "checkpoint", "background") is not False
         local = get(config, "checkpoint", "local_copy")

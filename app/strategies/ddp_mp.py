@@ -105,6 +105,9 @@ class DDPModelParallelStrategy(DDPStrategy):
     """
 
     strategy_name = "ddp_mp"
+    # model.compile auto stays off: its stage hooks move activations between GPUs inside the network (not verified
+    # under torch.compile); --model.compile true still compiles
+    runs_compiled_models = False
 
     def __init__(self, devices_per_process: int = DEVICES_PER_PROCESS, **kwargs: Any) -> None:
         if devices_per_process < 1:

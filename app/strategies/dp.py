@@ -85,6 +85,7 @@ class DataParallelStrategy(ParallelStrategy):
     """
 
     strategy_name = "dp"
+    runs_compiled_models = False  # its replicas would run the first GPU's weights: compile auto stays off
 
     def _refuse_multi_process(self) -> None:
         # SLURM_STEP_NUM_TASKS is set by srun only: a batch script running plain `python` is one process

@@ -3,9 +3,13 @@
 After 6 SGD-with-momentum steps (crossing an epoch boundary), fp32, tolerance 1e-5; with SyncBatchNorm, 5 steps.
 """
 
+from pathlib import Path
+
 import pytest
+import torch
 
 from bench.parity_report import SYNCBN_STEPS
+from modules import ImageClassifier
 from tests.distributed.conftest import AMP_MODES, EXACT_MODES, STEPS
 
 TOL = 1e-5
@@ -54,6 +58,30 @@ def test_shards_are_disjoint_and_change_with_the_epoch(parity, scenario):
     assert sampler["distributed_sampler"], "Lightning did not inject its DistributedSampler"
     assert sampler["disjoint"] and sampler["epochs_differ"]
     assert sampler["last_epoch_seen"] == 1, "Lightning did not call set_epoch when the second epoch began"
+
+
+def test_compiled_ddp_and_allreduce_match_the_eager_single_device(parity):
+    """torch.compile (Inductor on the CPU) under ddp and allreduce: the same weights as the eager model on one
+    device, to the fp32 tolerance; the first mode compiled its graph, the second ran it again."""
+    modes = parity["scenarios"]["compiled"]["modes"]
+    assert set(modes) == {"ddp", "allreduce"} and sum(m["compiled_graphs"] for m in modes.values()) > 0, modes
+    for mode, facts in modes.items():
+        assert facts["max_diff_vs_single"] < TOL and facts["ranks_identical"] and facts["moved"] > 100 * TOL, mode
+
+
+def test_a_compiled_models_checkpoint_loads_into_an_eager_model_and_back(parity):
+    """The compiled allreduce run's checkpoint: the network's own parameter names (no ``_orig_mod.``), loaded
+    strictly into an eager model, which holds the compiled run's weights, whose state loads into a compiled one."""
+    facts = parity["scenarios"]["compiled"]["modes"]["allreduce"]
+    state = torch.load(facts["checkpoint"], weights_only=True)["state_dict"]
+    assert state and not [k for k in state if "_orig_mod" in k], list(state)[:5]
+    eager = ImageClassifier(arch="mnist_cnn")
+    eager.load_state_dict(state)
+    trained = torch.load(Path(facts["checkpoint"]).with_suffix(".pt"), weights_only=True)
+    assert torch.equal(torch.cat([p.detach().double().reshape(-1) for p in eager.parameters()]), trained)
+    compiled = ImageClassifier(arch="mnist_cnn", compile=True)
+    compiled.load_state_dict(eager.state_dict())
+    assert compiled.net._compiled_call_impl is not None and list(compiled.state_dict()) == list(state)
 
 
 @pytest.mark.parametrize("mode", AMP_MODES)

@@ -104,8 +104,10 @@ def photos(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 def test_imagenet_folder_mid_epoch_resume_is_exact(photos, tmp_path):
-    """Real photos, RandomResizedCrop + flip in 2 workers: the resumed workers draw the same crops."""
-    check(legs(tmp_path, imagenet_args(tmp_path, str(photos), 2), [], ranks=1))
+    """Real photos, RandomResizedCrop + flip drawn in 2 workers, each batch decoded by nvImageCodec in the training
+    process (``--data.decode gpu``; its CPU backend here): the resumed workers draw the same crops. (The CPU decode
+    path resumes through the same seeded draws: tests/distributed/test_shards_resume.py.)"""
+    check(legs(tmp_path, [*imagenet_args(tmp_path, str(photos), 2), "--data.decode", "gpu"], [], ranks=1))
 
 
 @pytest.fixture(scope="module")

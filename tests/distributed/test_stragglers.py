@@ -46,6 +46,10 @@ def test_a_slowed_rank_is_named_in_the_logger_and_the_summary(mnist_dir, tmp_pat
     assert any(line.startswith("world size") for line in block) and set(block[-1]) == {"-"}, "\n".join(block)
     ranks = json.loads((tmp_path / "version_0" / "summary.json").read_text())["per rank"]
     assert [r["rank"] for r in ranks] == [0, 1] and ranks[1]["step_ms"] > ranks[0]["step_ms"], ranks
+    # the wait for data (MNIST resident: one indexing per batch) and Lightning's loop, each a share of the step
+    assert all(0 <= r["data_wait_frac"] < 0.5 and 0 < r["loop_frac"] < 1 and r["whole_step_ms"] > 0 for r in ranks)
+    assert any(line.startswith("waiting for data") for line in block), "\n".join(block)
+    assert any(line.startswith("Lightning's loop between steps") for line in block), "\n".join(block)
     events = EventAccumulator(str(tmp_path / "version_0")).Reload()
     slowest = [p.value for p in events.Scalars("perf/slowest_rank")]
     assert slowest and set(slowest) == {1.0}, slowest

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 from app.callbacks import AMPHealth, NonFiniteLossError, StopAtAccuracy, Throughput, TrainingSummary
 from app.callbacks.stop_at_accuracy import as_fraction
 from datamodules import MNISTDataModule
+from datamodules.resumable import ResumableLoader, ResumableSampler
 from modules import ImageClassifier
 
 
@@ -177,16 +178,16 @@ def test_amp_health_is_silent_without_a_scaler(mnist_dir, tmp_path):
 
 
 class SlowImages(Dataset):
-    """Random MNIST-shaped images that take ``delay`` seconds per batch to load, like a starving input pipeline."""
+    """Random MNIST-shaped images, one in ``every`` taking ``delay`` seconds to load, like a starving input pipeline."""
 
-    def __init__(self, n: int, delay: float) -> None:
-        self.n, self.delay = n, delay
+    def __init__(self, n: int, delay: float, every: int = 4) -> None:
+        self.n, self.delay, self.every = n, delay, every
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i):
-        if i % 4 == 0:
+        if i % self.every == 0:
             time.sleep(self.delay)
         return torch.randn(1, 28, 28), i % 10
 
@@ -205,6 +206,35 @@ def test_throughput_metrics_and_a_starving_loader(mnist_dir, tmp_path):
     # 1.5 s of loading per batch against milliseconds of compute: data time dominates and the metric says so
     assert starving.callback_metrics["perf/data_time_frac"] > 0.5
     assert metrics["perf/data_time_frac"] < starving.callback_metrics["perf/data_time_frac"]
+
+
+class SlowStepEnd(Callback):
+    """Lightning's loop between two steps made slow: ``delay`` seconds in a step-end hook that runs after the
+    timing callbacks' (time outside the step that is not waiting for data)."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+    def on_train_batch_end(self, *args) -> None:
+        time.sleep(self.delay)
+
+
+def test_data_wait_is_the_wait_for_the_batch_and_lightnings_loop_is_apart(tmp_path):
+    """The app's training loader tells when the loop asked for a batch: a slow loader shows as data wait, a slow
+    loop between steps as loop time, not as data wait (both were one gap before)."""
+
+    def loader(delay: float) -> ResumableLoader:
+        images = SlowImages(16, delay, every=1)  # delay x 4 per batch
+        return ResumableLoader(images, ResumableSampler(images), batch_size=4)
+
+    slow_data, slow_loop = Throughput(window=2), Throughput(window=2)
+    trainer_for(tmp_path, [slow_data], limit_train_batches=4).fit(ImageClassifier(), loader(0.1))
+    trainer_for(tmp_path, [slow_loop, SlowStepEnd(0.3)], limit_train_batches=4).fit(ImageClassifier(), loader(0.0))
+    # each is a large share of the step, and the other share is small beside it (CPU steps take tens of ms here)
+    data, loop = slow_data.data_wait_frac, slow_data.loop_frac
+    assert data > 0.3 and data > 10 * loop, (data, loop)
+    data, loop = slow_loop.data_wait_frac, slow_loop.loop_frac
+    assert loop > 0.3 and loop > 10 * data, (data, loop)
 
 
 @pytest.mark.parametrize(("given", "fraction"), [(0.75, 0.75), (75, 0.75), (1, 1.0), (99.5, 0.995), (None, None)])

@@ -11,8 +11,7 @@ from PIL import Image
 from torchvision.transforms.v2.functional import pil_to_tensor
 
 from datamodules.decode import decode, decode_for, min_side_for
-from datamodules.imagenet import ImageNetDataError, ImageNetDataModule, classic_transforms
-from tests.e2e.test_bad_input import IMAGENET, cli  # noqa: F401  (the in-process CLI fixture)
+from datamodules.imagenet import ImageNetDataModule, classic_transforms
 from tests.unit.test_imagenet import photos  # noqa: F401  (the real-photo ImageFolder fixture)
 from tools.photos import photo_sources
 
@@ -107,14 +106,3 @@ def test_folder_pipeline_prints_no_deprecation_warning(photos):  # noqa: F811
         images, labels = next(iter(dm.val_dataloader()))
     assert images.shape == (9, 3, 32, 32) and len(labels) == 9
     assert not [w for w in caught if issubclass(w.category, DeprecationWarning | UserWarning)], caught
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
-def test_gpu_decode_refused_without_cuda_in_one_line(cli, photos):  # noqa: F811
-    with pytest.raises(ImageNetDataError, match="no CUDA device"):
-        ImageNetDataModule(data_dir=str(photos), decode="gpu").setup("fit")
-    code, err = cli("fit", *IMAGENET, "--data.data_dir", str(photos), "--data.decode", "gpu")
-    assert code == 1
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert lines[-1].startswith("error: data.decode gpu decodes on the GPU") and "--data.decode cpu" in lines[-1]
-    assert "Traceback" not in err

@@ -288,3 +288,33 @@ def test_a_driver_without_a_gpu_is_one_line_of_the_plan_and_stops_a_gpu_run(conf
     gpu = config_of("--trainer.accelerator", "gpu")
     (problem,) = machine_problems(build(gpu, launch=detect({})), gpu, cuda_devices=0)
     assert problem.startswith(note) and problem.endswith("#gpu-driver")
+
+
+def test_the_imagenet_recipe_states_its_gpu_defaults_and_what_a_cuda_resume_guarantees(config_of):
+    """The recipe's ``auto`` settings, resolved in the plan: the fast choice on CUDA, the portable one elsewhere;
+    on CUDA also float32 matmuls and what a resume reproduces with and without determinism."""
+    imagenet = ("--config", str(ROOT / "configs" / "imagenet.yaml"), "--data.synthetic", "true")
+    gpu = build(config_of(*imagenet, "--trainer.accelerator", "gpu"), launch=detect({}))
+    text = gpu.render()
+    for line in ("memory       channels_last (NHWC) (model.channels_last auto: on CUDA)",
+                 "compile      on (model.compile auto: on CUDA)", "/compile_cache (TORCHINDUCTOR_CACHE_DIR)",
+                 "fp32 matmul  high (TF32 tensor cores)", "trainer.precision auto: on CUDA",
+                 "resume       the same samples, order and augmentations, but not bit for bit"):  # fmt: skip
+        assert line in text, text
+    exact = build(config_of(*imagenet, "--trainer.accelerator", "gpu", "--trainer.deterministic", "true"),
+                  launch=detect({})).render()  # fmt: skip
+    assert "resume       exact: deterministic kernels (trainer.deterministic true)" in exact
+    cpu = build(config_of(*imagenet, "--trainer.accelerator", "cpu"), launch=detect({}))
+    assert cpu.precision == "32-true"
+    text = cpu.render()
+    assert (
+        "precision    32-true (trainer.precision auto: not on CUDA)" in text
+        and "NCHW (model.channels_last auto" in text
+    )
+    assert "fp32 matmul" not in text and "resume       " not in text and "compile_cache" not in text
+    # dp's replicas (and ddp_mp's stages) do not run compiled models: auto leaves compile off there, and says why
+    dp = build(config_of(*imagenet, "--trainer.accelerator", "gpu", "--trainer.strategy", "dp"), launch=detect({}))
+    assert "compile      off, dp does not run compiled models (model.compile auto: on CUDA)" in dp.render()
+    # a value given stays as given, and says so
+    given = build(config_of(*imagenet, "--trainer.accelerator", "gpu", "--model.compile", "false"), launch=detect({}))
+    assert "compile      off (model.compile)" in given.render()

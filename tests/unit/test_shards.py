@@ -18,7 +18,7 @@ import pytest
 import torch
 from PIL import Image
 
-from datamodules.imagenet import ImageNetDataError, ImageNetDataModule
+from datamodules.imagenet import ImageNetDataError, ImageNetDataModule, classic_transforms
 from datamodules.resumable import ResumableSampler
 from datamodules.shards import Options, ShardDataset, ShardsError, convert, main
 from modules import ImageClassifier
@@ -76,11 +76,12 @@ def test_convert_writes_shuffled_shards_a_manifest_and_the_source_bytes(crops, c
     stems = [n for n in names if n.endswith(".jpg")]
     assert stems != sorted(stems)  # shuffled, not in folder order
     # reading gives back each source file's bytes and ImageFolder's label, in ImageFolder's order
-    dataset = ShardDataset(converted, "train", transform=lambda image: image, decoder="gpu")  # gpu: the bytes
+    train_transform = classic_transforms(32, train=True, uint8=True)
+    dataset = ShardDataset(converted, "train", transform=train_transform, decoder="gpu")  # gpu: the bytes (+ a crop)
     files = sorted((crops / "train").rglob("*.jpg"))
     for index in (0, 1, 117, 239):
-        data, label = dataset[index]
-        assert data.numpy().tobytes() == files[index].read_bytes()
+        data, _, label, _ = dataset[index]
+        assert data == files[index].read_bytes()
         assert manifest["classes"][label] == files[index].parent.name
     assert dataset.files_opened == len({int(dataset.index[i][0]) for i in (0, 1, 117, 239)})
     # one seeded order: converting again gives the same shards, byte for byte
@@ -159,7 +160,7 @@ def test_killed_conversion_never_looks_complete_and_a_rerun_finishes(crops, conv
 def test_every_image_every_epoch_under_a_global_shuffle_and_few_files_opened(converted):
     # the litdata trap this format avoids: chunk windows per worker that skip the same images every epoch. The
     # sampler is the one the app's training loader uses (datamodules.base.ImageDataModule._loader)
-    dataset = ShardDataset(converted, "train", transform=lambda image: 0, decoder="gpu")
+    dataset = ShardDataset(converted, "train", transform=classic_transforms(32, True, uint8=True), decoder="gpu")
     epochs = []
     for epoch in range(2):
         seen = []

@@ -1,0 +1,351 @@
+"""``--data.decode gpu``: the training process decodes each batch with nvImageCodec on its own device.
+
+The loader workers only read each image's encoded bytes and draw its crop box and flip, with the very draws of the
+CPU path (:func:`draw`: ``RandomResizedCrop.make_params`` on the header's size, then the flip's ``torch.rand(1)``,
+from the generators :class:`~datamodules.resumable.SeededDataset` seeds per sample), so boxes, flips, sample order
+and a mid-epoch resume are those of ``--data.decode cpu``. What crosses from a worker is the batch's bytes in one
+buffer (~50 KB per ImageNet photo instead of 600 KB of float pixels). The training process then (:class:`BatchDecoder`):
+
+1. decodes the whole batch in one nvImageCodec call, each image only within its box (region-of-interest decoding);
+   on a GPU its hardware JPEG decoder (A100, H100, H200) or CUDA nvJPEG, on a CPU device its CPU backend (the same
+   code, which the CI runs);
+2. decodes on the CPU (TorchCodec, then PIL) the few images nvImageCodec refuses (a GIF named .jpg, a format it
+   lacks), one by one, counted (``fallbacks``);
+3. resizes every box to the output size, flips and normalises the whole batch at once (:func:`resize_batch`) and
+   returns it channels-last in the precision's input dtype.
+
+Why :func:`resize_batch` is written here: the boxes differ in size, and torch's ``interpolate`` takes one size per
+call (a loop over 256 images is 256+ kernel launches per batch, the cost this path removes); nvImageCodec decodes but
+does not resize. A separable antialiased bilinear resize is two matrix products per image, batched: the weights are
+those of torch's own ``antialias=True`` kernel (PIL's triangle filter), so the result equals ``resized_crop`` within
+float rounding (``tests/unit/test_gpu_decode.py``).
+
+nvImageCodec prints load errors for the nvJPEG2000 and nvTIFF libraries it finds missing when it is imported, and
+logs every image it cannot decode: :func:`nvimgcodec` imports it with its log off and that output kept, which says
+whether its GPU decoders can load (nvJPEG found).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import os
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torchvision.transforms import v2
+
+from core.env import set_default
+from datamodules.decode import EXIF_ORIENTATION, UnreadableImageError, _Skipped, decode
+
+# one image's geometry as the workers draw it (:func:`draw`): the region to decode in the (oriented) image, the flip,
+# whether the region is decoded alone (1) or cut from the whole image (0: an EXIF orientation the decoder applies
+# first), and per axis the source pixels per output pixel and the first output pixel's offset in source pixels
+GEOMETRY = ("top", "left", "height", "width", "flip", "roi", "scale_y", "shift_y", "scale_x", "shift_x")
+TOP, LEFT, HEIGHT, WIDTH, FLIP, ROI, SCALE_Y, SHIFT_Y, SCALE_X, SHIFT_X = range(len(GEOMETRY))
+MEAN = (0.485, 0.456, 0.406)  # ImageNet's, as datamodules.imagenet (which imports this module)
+STD = (0.229, 0.224, 0.225)
+CHUNK = 32  # images resized at once: bounds the padded float copy of the boxes (32 x 500 x 500 x 3 x 2 B = 48 MB)
+
+
+@contextlib.contextmanager
+def _captured_stderr() -> Iterator[io.StringIO]:
+    """What native code writes to file descriptor 2 meanwhile (``fprintf(stderr, ...)`` is not ``sys.stderr``)."""
+    said = io.StringIO()
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        saved = os.dup(2)
+        try:
+            os.dup2(sink.fileno(), 2)
+            yield said
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            said.write(sink.read().decode(errors="replace"))
+
+
+@functools.cache
+def nvimgcodec() -> tuple[Any, str]:
+    """nvImageCodec's module, imported once and quietly, and what it said while loading; (None, why) when it cannot
+    be imported. Its log level (``PYNVIMGCODEC_VERBOSITY``) is 0 unless the user set one."""
+    set_default("PYNVIMGCODEC_VERBOSITY", "0")
+    with _captured_stderr() as said:
+        try:
+            from nvidia import nvimgcodec as module
+        except (ImportError, OSError) as err:
+            module = None
+            said.write(f"{type(err).__name__}: {err}")
+    return module, said.getvalue()
+
+
+def _package() -> str:
+    major = (torch.version.cuda or "13").split(".")[0]
+    return f"nvidia-nvimgcodec-cu{major}[nvjpeg]"
+
+
+def gpu_decoding(cuda: bool) -> tuple[bool, str]:
+    """Whether ``--data.decode auto`` decodes on the GPU, and why: on CUDA, with nvImageCodec importable and its
+    nvJPEG library found (its GPU decoders need it)."""
+    if not cuda:
+        return False, "the run is not on CUDA"
+    module, said = nvimgcodec()
+    if module is None:
+        return False, f"nvImageCodec cannot be imported ({said.strip()[:200]}): pip install {_package()}"
+    if "nvjpeg library" in said.lower():
+        return False, f"nvImageCodec {module.__version__} found no nvJPEG library: pip install {_package()}"
+    return True, f"nvImageCodec {module.__version__} with nvJPEG, on CUDA"
+
+
+# ------------------------------------------------------------------------------------------------ the workers
+def _size_for_draws(header: Image.Image) -> tuple[Any, bool]:
+    """What the CPU path draws the crop from (its size is all ``make_params`` reads), and whether the decoder applies
+    an EXIF orientation first: TorchCodec and nvImageCodec do for a JPEG, so the box is drawn on the oriented size."""
+    orientation = header.getexif().get(EXIF_ORIENTATION, 1) if header.format == "JPEG" else 1
+    if orientation == 1:
+        return header, True
+    width, height = header.size
+    if orientation >= 5:  # a quarter turn: the decoded image is height x width
+        width, height = height, width
+    return torch.empty(1, 1, 1, dtype=torch.uint8).expand(3, height, width), False
+
+
+def draw(data: bytes, transform: v2.Compose) -> tuple[float, ...]:
+    """One image's geometry, drawn in a loader worker exactly as the CPU path draws it: the region to decode (top,
+    left, height, width), the flip, whether that region is decoded alone, and the resize from it (per axis: source
+    pixels per output pixel and the offset of the first output pixel), as :data:`GEOMETRY` lists them.
+
+    Training (``RandomResizedCrop`` then ``RandomHorizontalFlip``): the box is the crop's own ``make_params`` on the
+    image's size, the flip the flip's own ``torch.rand(1) < p``, in that order, as ``decode_crop`` and the transform
+    draw them; the box is resized to the output size. Evaluation (``Resize`` then ``CenterCrop``): the whole image,
+    and the rows and columns of its resize that the centre crop keeps.
+
+    Raises:
+        OSError: the header cannot be read (the CPU path's error for an unreadable file).
+    """
+    header = Image.open(io.BytesIO(data))  # lazy: parses the header only
+    stand_in, roi = _size_for_draws(header)
+    height, width = v2.functional.get_size(stand_in) if isinstance(stand_in, torch.Tensor) else header.size[::-1]
+    steps = transform.transforms
+    if isinstance(steps[0], v2.RandomResizedCrop):
+        box = steps[0].make_params([stand_in])
+        flip = len(steps) > 1 and isinstance(steps[1], v2.RandomHorizontalFlip) and bool(torch.rand(1) < steps[1].p)
+        out_h, out_w = steps[0].size
+        top, left, box_h, box_w = box["top"], box["left"], box["height"], box["width"]
+        return top, left, box_h, box_w, int(flip), int(roi), box_h / out_h, 0.0, box_w / out_w, 0.0
+    if isinstance(steps[0], v2.Resize) and isinstance(steps[1], v2.CenterCrop):
+        # v2.Resize(short): the shorter side to `short`, the longer scaled and truncated; v2.CenterCrop: its offset
+        # rounded. Output pixel i is pixel i + offset of that resize: the same filter windows, cut afterwards.
+        short = steps[0].size if isinstance(steps[0].size, int) else steps[0].size[0]
+        if width <= height:
+            resized_h, resized_w = int(short * height / width), short
+        else:
+            resized_h, resized_w = short, int(short * width / height)
+        crop_h, crop_w = steps[1].size
+        top, left = int(round((resized_h - crop_h) / 2.0)), int(round((resized_w - crop_w) / 2.0))
+        scale_y, scale_x = height / resized_h, width / resized_w
+        return 0, 0, height, width, 0, 0, scale_y, top * scale_y, scale_x, left * scale_x
+    raise ValueError(f"data.decode gpu draws RandomResizedCrop + flip or Resize + CenterCrop only, not {transform}")
+
+
+class EncodedBatch:
+    """A batch as the workers hand it over: every image's bytes in one buffer (one shared-memory segment), their
+    offsets, geometries (:func:`draw`) and labels, their file names (for messages) and the unreadable ones skipped.
+
+    A plain class, neither tuple nor dataclass: Lightning's collection helpers leave it as it is (they would copy a
+    dataclass field by field) until :meth:`ImageNetDataModule.on_before_batch_transfer` decodes it."""
+
+    __slots__ = ("data", "offsets", "geometry", "labels", "names", "skipped")
+
+    def __init__(self, samples: list[tuple[bytes, tuple, int, str]], skipped: list[str]) -> None:
+        self.data = torch.from_numpy(np.frombuffer(b"".join(s[0] for s in samples), dtype=np.uint8).copy())
+        self.offsets = torch.tensor([0, *np.cumsum([len(s[0]) for s in samples]).tolist()], dtype=torch.int64)
+        self.geometry = torch.tensor([s[1] for s in samples], dtype=torch.float64).reshape(-1, len(GEOMETRY))
+        self.labels = torch.tensor([s[2] for s in samples], dtype=torch.int64)
+        self.names, self.skipped = [s[3] for s in samples], skipped
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def pin_memory(self) -> EncodedBatch:  # the DataLoader's pin_memory thread calls this (pin_memory=True on CUDA)
+        self.data, self.geometry, self.labels = (t.pin_memory() for t in (self.data, self.geometry, self.labels))
+        return self
+
+    def image(self, index: int) -> np.ndarray:
+        return self.data[self.offsets[index] : self.offsets[index + 1]].numpy()
+
+
+def collate_encoded(batch: list) -> EncodedBatch:
+    """The workers' collate for ``--data.decode gpu``: samples are ``(bytes, geometry, label, name)`` or skip marks."""
+    kept = [b for b in batch if not isinstance(b, _Skipped)]
+    skipped = [b.path for b in batch if isinstance(b, _Skipped)]
+    if not kept:
+        raise UnreadableImageError(
+            f"all {len(batch)} images of a batch are unreadable (e.g. {skipped[0]}): the data set looks broken."
+        )
+    return EncodedBatch(kept, skipped)
+
+
+# ------------------------------------------------------------------------------------------------ the training process
+def _weights(
+    lengths: torch.Tensor, size: int, pad: int, scale: torch.Tensor, shift: torch.Tensor, flips: torch.Tensor | None
+) -> torch.Tensor:
+    """[N, size, pad]: how output pixel ``i`` of image ``n`` weighs its ``lengths[n]`` source pixels, as torch's
+    antialiased bilinear resize does (``_upsample_bilinear2d_aa``: a triangle filter centred on source position
+    ``scale * (i + 0.5) + shift``, as wide as ``scale`` when shrinking, normalised per output pixel); the rows reversed
+    for a flipped image."""
+    device = lengths.device
+    scale, shift = scale.float(), shift.float()
+    support = scale.clamp(min=1.0)
+    centre = (torch.arange(size, device=device, dtype=torch.float32) + 0.5)[None, :] * scale[:, None] + shift[:, None]
+    source = torch.arange(pad, device=device, dtype=torch.float32) + 0.5
+    weights = (1 - (source[None, None, :] - centre[:, :, None]).abs() / support[:, None, None]).clamp(min=0)
+    weights = weights * (source[None, None, :] < lengths[:, None, None])  # the padding weighs nothing
+    weights = weights / weights.sum(-1, keepdim=True)
+    if flips is not None:
+        weights = torch.where(flips.bool()[:, None, None], weights.flip(1), weights)
+    return weights
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor on ``device`` without waiting: a copy from pageable memory to a GPU waits for the GPU's
+    queue to drain (the step in flight), one from pinned memory does not."""
+    if device.type != "cuda" or tensor.device == device:
+        return tensor
+    return (tensor if tensor.is_pinned() else tensor.pin_memory()).to(device, non_blocking=True)
+
+
+def resize_batch(boxes: list[torch.Tensor], size: int, geometry: torch.Tensor, compute: torch.dtype) -> torch.Tensor:
+    """The boxes (uint8 [h, w, 3], any sizes, on one device) resized as their rows of ``geometry`` say (scale, shift,
+    flip) to ``size`` x ``size``: float [N, size, size, 3] (NHWC), values 0..255, computed in ``compute``."""
+    device = boxes[0].device
+    heights = to_device(torch.tensor([b.shape[0] for b in boxes]), device)
+    widths = to_device(torch.tensor([b.shape[1] for b in boxes]), device)
+    pad_h, pad_w = int(max(b.shape[0] for b in boxes)), int(max(b.shape[1] for b in boxes))
+    padded = torch.zeros(len(boxes), pad_h, pad_w, 3, dtype=torch.uint8, device=device)
+    for index, box in enumerate(boxes):
+        padded[index, : box.shape[0], : box.shape[1]] = box
+    g = to_device(geometry, device)
+    rows = _weights(heights, size, pad_h, g[:, SCALE_Y], g[:, SHIFT_Y], None).to(compute)
+    cols = _weights(widths, size, pad_w, g[:, SCALE_X], g[:, SHIFT_X], g[:, FLIP]).to(compute)
+    tall = torch.bmm(rows, padded.to(compute).view(len(boxes), pad_h, pad_w * 3))  # [N, size, pad_w * 3]
+    return torch.einsum("ntw,nswc->nstc", cols, tall.view(len(boxes), size, pad_w, 3))
+
+
+class BatchDecoder:
+    """Decodes :class:`EncodedBatch` es on ``device`` with nvImageCodec, then resizes, flips and normalises them.
+
+    Args:
+        device: the training device: CUDA (nvImageCodec's GPU decoders, its CPU backend for what they lack) or CPU
+            (its CPU backend only).
+        size: the output side in pixels.
+        skip_unreadable: an image no decoder reads is left out of its batch (named in ``skipped``) instead of
+            stopping the run.
+    """
+
+    def __init__(self, device: torch.device, size: int, skip_unreadable: bool = False) -> None:
+        module, said = nvimgcodec()
+        if module is None:
+            raise ImportError(f"nvImageCodec cannot be imported ({said.strip()[:300]}): pip install {_package()}")
+        self.nv, self.device, self.size, self.skip_unreadable = module, device, size, skip_unreadable
+        if device.type == "cuda":
+            self.decoder = module.Decoder(device_id=device.index or 0)
+        else:
+            cpu = module.Backend(module.BackendKind.CPU_ONLY)
+            self.decoder = module.Decoder(device_id=module.NVIMGCODEC_DEVICE_CPU_ONLY, backends=[cpu])
+        self.params = module.DecodeParams(color_spec=module.SRGB, apply_exif_orientation=True)
+        self.fallbacks: list[str] = []  # images nvImageCodec refused and the CPU decoded
+        self.skipped: list[str] = []  # images no decoder could read (skip_unreadable)
+        mean = torch.tensor(MEAN, dtype=torch.float32, device=device) * 255
+        self.mean, self.std = mean, torch.tensor(STD, dtype=torch.float32, device=device) * 255
+
+    def _stream(self, image: np.ndarray, geometry: list[int]) -> Any:
+        stream = self.nv.CodeStream(image)
+        if not geometry[ROI]:
+            return stream
+        top, left = geometry[TOP], geometry[LEFT]
+        region = self.nv.Region(top, left, top + geometry[HEIGHT], left + geometry[WIDTH])
+        return stream.get_sub_code_stream(region=region)
+
+    def _tensor(self, decoded: Any) -> torch.Tensor:
+        if decoded.buffer_kind == self.nv.ImageBufferKind.STRIDED_HOST:
+            return torch.from_numpy(np.asarray(decoded)).to(self.device)
+        return torch.from_dlpack(decoded)
+
+    def _on_the_cpu(self, data: np.ndarray, geometry: list[int]) -> torch.Tensor:
+        """One image nvImageCodec refused, decoded as the CPU path does (TorchCodec, else PIL), cropped to its box."""
+        pixels = decode(data.tobytes(), "cpu")
+        if isinstance(pixels, Image.Image):
+            pixels = v2.functional.pil_to_tensor(pixels)
+        top, left = geometry[TOP], geometry[LEFT]
+        return pixels[:, top : top + geometry[HEIGHT], left : left + geometry[WIDTH]].permute(1, 2, 0)
+
+    def decode(self, batch: EncodedBatch) -> tuple[list[torch.Tensor], list[int]]:
+        """Every image's box as uint8 [h, w, 3] on the device, and the positions kept (an unreadable image skipped)."""
+        geometry = [[int(v) for v in row[: ROI + 1]] for row in batch.geometry.tolist()]
+        images = [batch.image(i) for i in range(len(batch))]
+        streams: list[Any] = []
+        for image, where in zip(images, geometry, strict=True):
+            try:
+                streams.append(self._stream(image, where))
+            except RuntimeError:  # nvImageCodec cannot parse it (a format it lacks): the CPU decodes it below
+                streams.append(None)
+        parsed = [s for s in streams if s is not None]
+        stream = torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
+        decoded = iter(self.decoder.decode(parsed, params=self.params, cuda_stream=stream) if parsed else [])
+        boxes, kept = [], []
+        for index, (image, where, source) in enumerate(zip(images, geometry, streams, strict=True)):
+            out = next(decoded) if source is not None else None
+            if out is not None:
+                box = self._tensor(out)
+                if not where[ROI]:  # decoded whole (an EXIF orientation applied): the box is cut here
+                    top, left = where[TOP], where[LEFT]
+                    box = box[top : top + where[HEIGHT], left : left + where[WIDTH]]
+            else:
+                try:
+                    box = self._on_the_cpu(image, where).to(self.device)
+                except (OSError, ValueError, SyntaxError) as err:
+                    if not self.skip_unreadable:
+                        raise UnreadableImageError(
+                            f"cannot read image {batch.names[index]}: {type(err).__name__}: {err}. Replace or delete "
+                            "the file, or pass --data.skip_unreadable true to skip unreadable images (they are "
+                            "counted and reported)."
+                        ) from err
+                    self.skipped.append(batch.names[index])
+                    continue
+                self.fallbacks.append(batch.names[index])
+            boxes.append(box.expand(-1, -1, 3) if box.shape[-1] == 1 else box[..., :3])
+            kept.append(index)
+        return boxes, kept
+
+    def __call__(self, batch: EncodedBatch, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch decoded, resized, flipped and normalised on the device: images [N, 3, size, size] in ``dtype``,
+        channels-last in memory, and their labels."""
+        boxes, kept = self.decode(batch)
+        if not boxes:
+            raise UnreadableImageError(f"all {len(batch)} images of a batch are unreadable (e.g. {batch.names[0]})")
+        geometry = batch.geometry[kept]
+        compute = torch.float16 if self.device.type == "cuda" else torch.float32
+        out = torch.empty(len(boxes), self.size, self.size, 3, dtype=dtype, device=self.device)
+        # chunks of boxes of similar size (sorted by area): each is padded to its largest box, not the batch's
+        order = sorted(range(len(boxes)), key=lambda i: boxes[i].shape[0] * boxes[i].shape[1])
+        for start in range(0, len(boxes), CHUNK):
+            chunk = order[start : start + CHUNK]
+            resized = resize_batch([boxes[i] for i in chunk], self.size, geometry[chunk], compute).float()
+            out[to_device(torch.tensor(chunk), self.device)] = ((resized - self.mean) / self.std).to(dtype)
+        labels = batch.labels[kept] if len(kept) < len(batch) else batch.labels
+        return out.permute(0, 3, 1, 2), labels
+
+
+def input_dtype(precision: str) -> torch.dtype:
+    """The dtype a batch is handed to the step in: the half type the precision computes in (mixed or true), float64
+    for 64-true, else float32."""
+    if precision.startswith("bf16"):
+        return torch.bfloat16
+    if precision.startswith("64"):
+        return torch.float64
+    return torch.float16 if precision.startswith("16") else torch.float32

@@ -1,0 +1,154 @@
+"""``--data.decode gpu`` on the CPU (nvImageCodec's CPU backend runs the same code as on a GPU): the same crops,
+flips, labels and sample order as the CPU path on every rank, bad files decoded on the CPU one by one, ``auto``'s
+choice and its reason, and the batched resize against torch's own."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from datamodules.gpu_decode import FLIP, GEOMETRY, EncodedBatch, resize_batch
+from datamodules.imagenet import STD, ImageNetDataModule, UnreadableImageError
+from tests.conftest import ROOT
+from tests.unit.test_imagenet import photos  # noqa: F401  (the real-photo ImageFolder fixture)
+
+SIZE = 112  # photos of at most 192 px: no crop is twice this, so the CPU path decodes every JPEG whole too
+LEVELS = 255 * min(STD)  # one normalised unit in pixel levels (at least)
+
+
+def _batches(data_dir: Path, decode: str, rank: int, monkeypatch, workers: int, **kwargs) -> list:
+    """Every training and validation batch of ``rank`` (of 2, as a 2-process ddp job's rank sees them)."""
+    monkeypatch.setenv("LOCAL_RANK", str(rank))  # Lightning's environment: which local process this is
+    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False, enable_progress_bar=False)
+    dm = ImageNetDataModule(str(data_dir), batch_size=3, num_workers=workers, image_size=SIZE, decode=decode, **kwargs)
+    dm.trainer = trainer
+    dm.setup("fit")
+    assert dm.decoder == decode and trainer.distributed_sampler_kwargs == {"num_replicas": 2, "rank": rank}
+    out = []
+    for loader in (dm.train_dataloader(), dm.val_dataloader()):
+        for batch in loader:
+            if decode == "gpu":
+                assert isinstance(batch, EncodedBatch) and batch.data.dtype == torch.uint8  # bytes, not pixels
+                out.append(batch.geometry)
+            images, labels, *_ = dm.on_after_batch_transfer(dm.on_before_batch_transfer(batch, 0), 0)
+            out.append((images, labels))
+    return out
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_gpu_path_gives_each_rank_the_cpu_paths_crops_flips_labels_and_order(photos, monkeypatch, rank):  # noqa: F811
+    cpu = _batches(photos, "cpu", rank, monkeypatch, workers=0)
+    # in the training process here; through loader workers: tests/distributed/test_resume_anywhere.py's ImageNet run
+    gpu = _batches(photos, "gpu", rank, monkeypatch, workers=0)
+    geometry = torch.cat([g for g in gpu if isinstance(g, torch.Tensor)])
+    gpu = [g for g in gpu if not isinstance(g, torch.Tensor)]
+    assert len(cpu) == len(gpu) == 3 + 2  # 9 training images per rank (3 batches), 5 and 4 validation images
+    for (x_cpu, y_cpu), (x_gpu, y_gpu) in zip(cpu, gpu, strict=True):
+        assert torch.equal(y_cpu, y_gpu)  # the same samples in the same order
+        assert x_gpu.shape == x_cpu.shape and x_gpu.is_contiguous(memory_format=torch.channels_last)
+        # the same box and flip, decoded by another JPEG decoder and resized in float: within one pixel level
+        difference = (x_gpu - x_cpu).abs() * 255 * max(STD)
+        assert difference.max() < 1.5 and difference.mean() < 0.5, (difference.max(), difference.mean())
+    # not vacuous: crops and flips were drawn (a crop from the wrong box, or unflipped, differs by tens of levels)
+    train = geometry[: 3 * 3]
+    assert 0 < int(train[:, FLIP].sum()) < len(train) and bool((train[:, GEOMETRY.index("top")] > 0).any())
+    unflipped = torch.flip(gpu[0][0], dims=[3])
+    assert ((unflipped - cpu[0][0]).abs() * LEVELS).mean() > 10
+
+
+def _image_bytes(image: Image.Image, fmt: str) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, fmt)
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def with_bad_files(photos, tmp_path_factory) -> Path:  # noqa: F811
+    """The photos, plus in one class: a GIF named .jpg (nvImageCodec cannot read GIFs), a PNG named .jpg, and a
+    truncated JPEG (no decoder reads it)."""
+    root = tmp_path_factory.mktemp("bad") / "imagenet"
+    shutil.copytree(photos, root)
+    cat = Image.open(root / "train" / "cat" / "chelsea.jpg").convert("RGB")
+    for split in ("train", "val"):
+        (root / split / "cat" / "gif.jpg").write_bytes(_image_bytes(cat, "GIF"))
+        (root / split / "cat" / "png.jpg").write_bytes(_image_bytes(cat, "PNG"))
+        whole = (root / split / "cat" / "chelsea.jpg").read_bytes()
+        (root / split / "cat" / "truncated.jpg").write_bytes(whole[: len(whole) // 2])
+    return root
+
+
+def test_files_nvimgcodec_cannot_read_go_to_the_cpu_one_by_one_counted(with_bad_files, monkeypatch):
+    gpu = _batches(with_bad_files, "gpu", 0, monkeypatch, workers=0, skip_unreadable=True)
+    dm_cpu = _batches(with_bad_files, "cpu", 0, monkeypatch, workers=0, skip_unreadable=True)
+    gpu = [g for g in gpu if not isinstance(g, torch.Tensor)]
+    # the same images in both paths, in the same order: the truncated file is skipped by both, the others decoded
+    assert [y.tolist() for _, y in gpu] == [y.tolist() for _, y in dm_cpu]
+
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    dm = ImageNetDataModule(str(with_bad_files), batch_size=4, num_workers=0, image_size=SIZE, decode="gpu")
+    dm.setup("validate")
+    batch = next(b for b in dm.val_dataloader() if any("truncated" in n for n in b.names))
+    with pytest.raises(UnreadableImageError, match=r"cannot read image .*truncated\.jpg.*--data\.skip_unreadable"):
+        dm.on_before_batch_transfer(batch, 0)
+    dm = ImageNetDataModule(str(with_bad_files), batch_size=12, num_workers=0, image_size=SIZE, decode="gpu",
+                            skip_unreadable=True)  # fmt: skip
+    dm.setup("validate")
+    (batch,) = list(dm.val_dataloader())
+    images, labels, *_ = dm.on_before_batch_transfer(batch, 0)
+    decoder = dm._batch_decoder
+    assert [Path(p).name for p in decoder.fallbacks] == ["gif.jpg"]  # only the GIF, one by one
+    assert [Path(p).name for p in decoder.skipped] == ["truncated.jpg"] and len(labels) == len(images) == 11
+    with pytest.warns(UserWarning, match=r"rank 0: 1 image\(s\) nvImageCodec could not decode .*gif\.jpg"):
+        dm.teardown("validate")
+
+
+def test_auto_decodes_on_the_gpu_only_on_cuda_and_says_why(photos):  # noqa: F811
+    cpu = ImageNetDataModule.plan_lines({"data_dir": str(photos), "decode": "auto"}, cuda=False)
+    assert cpu[0].startswith("decode       cpu: TorchCodec") and "(data.decode auto: the run is not on CUDA)" in cpu[0]
+    assert cpu[1] == "normalise    in the loader workers (data.normalize_on_device auto: not on CUDA)"
+    cuda = ImageNetDataModule.plan_lines({"data_dir": str(photos), "decode": "auto"}, cuda=True)
+    assert cuda[0].startswith("decode       gpu: nvImageCodec 0.9") and "with nvJPEG, on CUDA)" in cuda[0], cuda
+    assert cuda[1].startswith("normalise    on the device")
+    given = ImageNetDataModule.plan_lines({"data_dir": str(photos), "decode": "cpu"}, cuda=True)
+    assert "(data.decode cpu)" in given[0]
+    dm = ImageNetDataModule(str(photos), batch_size=2, num_workers=0, image_size=SIZE)  # decode auto by default
+    dm.setup("validate")
+    assert dm.decoder == "cpu" and not dm.normalizes_on_device  # this machine has no CUDA
+
+
+@pytest.mark.parametrize("flip", [False, True])
+def test_batched_resize_is_torchs_antialiased_resize(flip):
+    """Boxes of different sizes, shrunk and enlarged, resized in one batch: torch's interpolate(antialias=True) on
+    each, within float rounding."""
+    generator = torch.Generator().manual_seed(0)
+    boxes = [torch.randint(0, 256, (h, w, 3), dtype=torch.uint8, generator=generator) for h, w in
+             ((37, 50), (16, 16), (9, 30), (64, 23))]  # fmt: skip
+    rows = [[0, 0, h, w, int(flip), 1, h / 24, 0.0, w / 24, 0.0] for h, w, _ in (b.shape for b in boxes)]
+    out = resize_batch(boxes, 24, torch.tensor(rows, dtype=torch.float64), torch.float32)
+    for box, resized in zip(boxes, out, strict=True):
+        reference = F.interpolate(box.permute(2, 0, 1)[None].double(), size=(24, 24), mode="bilinear",
+                                  antialias=True, align_corners=False)[0].permute(1, 2, 0)  # fmt: skip
+        reference = reference.flip(1) if flip else reference
+        assert (resized.double() - reference).abs().max() < 1e-3
+
+
+def test_nvimgcodec_loads_without_printing_its_missing_libraries():
+    """Imported plainly, nvImageCodec prints load errors for nvJPEG2000 and nvTIFF (not installed here); through the
+    app nothing reaches the terminal, and what it said is kept (it tells whether nvJPEG loaded)."""
+    code = "from datamodules.gpu_decode import nvimgcodec; module, said = nvimgcodec(); print(module.__version__)"
+    job = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert job.returncode == 0 and job.stdout.startswith("0.9"), job.stderr[-2000:]
+    assert "nvjpeg2k" not in job.stderr.lower() and "nvtiff" not in job.stderr.lower(), job.stderr
+    plain = subprocess.run(
+        [sys.executable, "-c", "import nvidia.nvimgcodec"], capture_output=True, text=True, timeout=120
+    )
+    assert "nvjpeg2k" in plain.stderr.lower()  # the noise is real: the test can fail

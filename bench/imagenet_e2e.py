@@ -9,8 +9,11 @@ process, one fit after the other:
    reference every other row is divided by; its first step pays the compile (its caches in the run folder);
 2. the JPEG files with each decoder of ``--decoders``: ``gpu`` (nvImageCodec on the GPU: the loader workers read
    bytes and draw the crops) and ``cpu`` (TorchCodec in the loader workers), with ``--data.num_workers auto``;
-3. with ``--determinism``: the synthetic fit again with ``--trainer.deterministic true``: what exact resume costs;
-4. with ``--restart`` (default on): a second process starting the synthetic fit in the same run folder, as a restart
+3. with ``--recipes classic,modern``: each decoder's fit again with the modern recipe's per-step work at the same
+   sizes (``bench.recipe_cost.MODERN_ARGS``: TrivialAugment, random erasing, mixup/cutmix, repeated augmentation, the
+   moving average every 32 steps): what the augmentations cost on the CPU loader and on the GPU decoding path;
+4. with ``--determinism``: the synthetic fit again with ``--trainer.deterministic true``: what exact resume costs;
+5. with ``--restart`` (default on): a second process starting the synthetic fit in the same run folder, as a restart
    or requeue does: its time to the end of the first step against the first process's (the compile cache).
 
 Each fit is timed with synchronised clocks from the start of step ``--warmup`` (at least the batches the loader
@@ -249,6 +252,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny sizes: a check of this script")
     parser.add_argument("--decoders", default="gpu,cpu", help="data.decode values to train with (gpu,cpu)")
     parser.add_argument("--determinism", action="store_true", help="also the synthetic fit with deterministic true")
+    parser.add_argument("--recipes", default="classic", help="classic,modern: each decoder also with the modern recipe")
     parser.add_argument("--no-restart", action="store_true", help="leave out the second process (the compile cache)")
     parser.add_argument("--compile", action="store_true", help="compile on any device (auto: on CUDA only); with "
                         "--smoke, the CPU's cold compile against the restart's")  # fmt: skip
@@ -294,8 +298,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         steps = int(z["warmup"]) + int(z["steps"])
         jpeg_tree(data, int(z["images"]), int(z["batch"]) * (steps + 1))
         fits = [("synthetic", synthetic(z))]
-        fits += [(f"JPEG files, decode {d}", ["--data.data_dir", str(data), "--data.decode", d])
-                 for d in args.decoders.split(",") if d]  # fmt: skip
+        decoders = [d for d in args.decoders.split(",") if d]
+        fits += [(f"JPEG files, decode {d}", ["--data.data_dir", str(data), "--data.decode", d]) for d in decoders]
+        if "modern" in args.recipes.split(","):
+            from bench.recipe_cost import MODERN_ARGS
+
+            fits += [(f"JPEG files, decode {d}, modern recipe", ["--data.data_dir", str(data), "--data.decode", d,
+                      *MODERN_ARGS]) for d in decoders]  # fmt: skip
         if args.determinism:
             fits.append(("synthetic, deterministic", [*synthetic(z), "--trainer.deterministic", "true"]))
         for name, extra in fits:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import hashlib
 import json
 import math
@@ -195,6 +196,9 @@ def _run_scenario(scenario: dict, steps: int, nproc: int, workdir: Path, acceler
     steps = scenario.get("steps", steps)
     initial = _flat(list(model0.parameters()))
     for mode in scenario["modes"]:
+        # the previous mode's trainer, model and average sit in reference cycles: the collector's own schedule (it
+        # counts objects, not bytes) let a rank of this job grow past 11 GB
+        gc.collect()
         model = copy.deepcopy(model0)
         extras = _scenario_extras(scenario, accelerator)
         trainer = _trainer(config, steps, accelerator=accelerator, devices=nproc, strategy=mode, **extras)

@@ -44,7 +44,7 @@ MODERN_ARGS = [
 ]  # fmt: skip
 SIZES = {
     "cuda": {"batch": 256, "px": 224, "images": 256, "rounds": 5, "arch": "resnet50"},
-    "cpu": {"batch": 32, "px": 224, "images": 64, "rounds": 5, "arch": "resnet50"},
+    "cpu": {"batch": 32, "px": 224, "images": 128, "rounds": 7, "arch": "resnet50"},
     "smoke": {"batch": 4, "px": 32, "images": 8, "rounds": 2, "arch": "resnet18"},
 }
 EMA_EVERY = 32  # the recipe's update_every_n_steps

@@ -33,7 +33,7 @@ from torchvision.transforms import v2
 
 from core.device import AUTO, Auto, describe, flag
 from core.errors import UserError, with_link
-from datamodules.augment import BatchMixer, image_transforms, mixing_line
+from datamodules.augment import MEAN, STD, BatchMixer, image_transforms, mixing_line
 from datamodules.base import ImageDataModule, Workers
 from datamodules.decode import (
     DECODERS,
@@ -55,15 +55,13 @@ from datamodules.gpu_decode import (
 )
 from datamodules.shards import PLAN, ShardDataset, is_shards, read_manifest
 
-MEAN = (0.485, 0.456, 0.406)
-STD = (0.229, 0.224, 0.225)
 TRAIN_SIZE, VAL_SIZE, NUM_CLASSES = 1_281_167, 50_000, 1000
 # the modern recipe's options with a range: name -> (whether a value is outside it, what the option takes)
 RANGES = {
     "random_erasing": (lambda p: not 0 <= p <= 1, "a probability, from 0 (off) to 1 (0.1 in the modern recipe)"),
     "mixup_alpha": (lambda a: a < 0, "a Beta distribution's alpha, 0 (off) or more (0.2 in the modern recipe)"),
     "cutmix_alpha": (lambda a: a < 0, "a Beta distribution's alpha, 0 (off) or more (1.0 in the modern recipe)"),
-    "repeated_augmentation": (lambda n: n < 1, "copies of each sample per epoch, 1 (off) or more (3 in the recipe)"),
+    "repeated_augmentation": (lambda n: n < 1, "copies of each sample per epoch, 1 (off) or more (4 in the recipe)"),
 }
 
 
@@ -183,13 +181,14 @@ class ImageNetDataModule(ImageDataModule):
             (``gpu`` on CUDA where nvImageCodec and nvJPEG load, else ``cpu``); see :mod:`datamodules.decode`. On the
             CPU, JPEGs much larger than the transform needs are decoded at reduced size.
         trivial_augment: TrivialAugmentWide per training image, after the flip (the modern recipe).
-        random_erasing: random erasing's probability per training image, after normalising (0: none).
+        random_erasing: random erasing's probability per training image; the box is filled with the ImageNet mean
+            (0 once normalised, as torchvision's reference erases normalised images) (0: none).
         mixup_alpha: MixUp of each training batch with Beta(alpha, alpha) (0: none); with ``cutmix_alpha`` too, one
             of the two per batch, at even odds. Each device's share of the batch is mixed within itself
             (:class:`~datamodules.augment.BatchMixer`); the labels become probabilities.
         cutmix_alpha: CutMix of each training batch with Beta(alpha, alpha) (0: none).
         repeated_augmentation: each epoch loads a ``1/n``-th of the training images ``n`` times, each copy with its
-            own augmentations, the copies on consecutive ranks (1: off; the modern recipe: 3).
+            own augmentations, the copies on consecutive ranks (1: off; the modern recipe: 4).
     """
 
     in_channels = 3

@@ -270,3 +270,17 @@ def test_mnist_recipe_smoke_chooses_on_validation_only(mnist_dir, tmp_path):
     assert 0.9 < candidate["val_acc1"]["mean"] < 1 and 0.9 < candidate["test_acc1"]["mean"] < 1
     chosen = candidate["val_acc1"]["mean"] >= mnist_recipe.TARGET
     assert result["chosen"] == (next(iter(result["candidates"])) if chosen else None)
+
+
+def test_recipe_cost_smoke_measures_each_part_of_the_modern_recipe(tmp_path):
+    from bench import recipe_cost
+
+    result = recipe_cost.main(["--smoke", "--out", str(tmp_path)])
+    rows = result["rows"]
+    assert len(rows) == 5 and all(_finite_positive(row["modern_s"]) for row in rows.values()), rows
+    assert all(
+        _finite_positive(row["classic_s"])
+        for name, row in rows.items()
+        if "mixing" not in name and "average" not in name
+    )
+    assert "Per step of 4 images" in (tmp_path / "recipe_cost_cpu_smoke.md").read_text()

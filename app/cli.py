@@ -23,12 +23,13 @@ import yaml
 from jsonargparse import ArgumentError, Namespace
 from lightning.pytorch import Callback, LightningDataModule
 from lightning.pytorch.callbacks import ModelCheckpoint as AnyModelCheckpoint
+from lightning.pytorch.callbacks import WeightAveraging
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
 import app.strategies  # noqa: F401  (registers the strategy names before the parser reads them)
 from app import resume
-from app.callbacks import DEFAULTS, ModelCheckpoint, StopAtAccuracy
+from app.callbacks import DEFAULTS, EMA, ModelCheckpoint, StopAtAccuracy
 from app.callbacks.debug_checks import DEBUG_HANG_TIMEOUT, DebugChecks, apply_debug, capture_rank_logs
 from app.callbacks.hang_watch import apply_flight_recorder, effective_timeout, startup_allowance
 from app.callbacks.hang_watch import install as install_hang_watch
@@ -116,6 +117,8 @@ class CLI(LightningCLI):
         # ModelCheckpoint's arguments as a group, built in instantiate_trainer: not added at all when
         # --trainer.enable_checkpointing is false (Lightning refuses a checkpoint callback then)
         parser.add_class_arguments(ModelCheckpoint, "checkpoint", instantiate=False)
+        # the weights' moving average (off without a decay), a group for the same reason; built in default_callbacks
+        parser.add_class_arguments(EMA, "ema", instantiate=False)
         parser.add_argument(
             "--launch.timeout",
             type=float | None,
@@ -380,7 +383,8 @@ def _stacked_on(path: Path) -> list[str]:
 
 def default_callbacks(config: Namespace, given: list[Callback]) -> list[Callback]:
     """The callbacks every run gets (``--callbacks.NAME``, ``--checkpoint.*``), except those switched off, those of
-    a class ``given`` (``trainer.callbacks``) already holds, and the checkpoint without checkpointing."""
+    a class ``given`` (``trainer.callbacks``) already holds, and the checkpoint without checkpointing; the weights'
+    average (``--ema.*``) first when a decay is given: it updates at a step's end before anything saves that step."""
 
     def wanted(cls: type) -> bool:
         return not any(isinstance(callback, cls) for callback in given)
@@ -390,6 +394,9 @@ def default_callbacks(config: Namespace, given: list[Callback]) -> list[Callback
     checkpoint, enabled = config.get("checkpoint"), config.trainer.get("enable_checkpointing") is not False
     if checkpoint is not None and enabled and wanted(AnyModelCheckpoint):
         chosen.insert(0, ModelCheckpoint(**checkpoint))
+    ema = EMA(**(config.get("ema") or {}))
+    if ema.enabled and wanted(WeightAveraging):
+        chosen.insert(0, ema)
     return chosen
 
 

@@ -10,9 +10,10 @@ still run:
   ``allreduce`` with 2 processes sharing the GPU over gloo (a real all-reduce of CUDA tensors); each precision,
   channels_last, a resume from ``last.ckpt`` (the only fit that saves checkpoints); the no-sync check (training steps
   of the default config under ``torch.cuda.set_sync_debug_mode("error")``, logging steps allowed); ``tests/gpu``.
-- call B: ``bench.imagenet_e2e`` (the ImageNet recipe trained from JPEG files with each decoder, beside the same
-  process's synthetic compiled rate, the data wait, a restart that reuses the compile cache, and what
-  ``--trainer.deterministic true`` costs), then ``bench.gpu`` (ResNet-50 img/s and MFU per precision).
+- call B: ``bench.imagenet_e2e`` (the ImageNet recipe trained from JPEG files with each decoder, classic and with the
+  modern recipe's augmentations, beside the same process's synthetic compiled rate, the data wait, a restart that
+  reuses the compile cache, and what ``--trainer.deterministic true`` costs), then ``bench.gpu`` (ResNet-50 img/s
+  and MFU per precision).
 
 Each call writes as it goes into ``$GPU_CHECK_OUT`` (default ``bench/results/``): one JSON line per finished step in
 ``gpu_check_<call>.jsonl`` and ``gpu_check_<call>.md`` rebuilt from it after each step, so a call cut short returns
@@ -422,18 +423,22 @@ def bench_gpu(ctx: Context) -> list[dict]:
     return [_subprocess_step("bench.gpu", command, box(BENCH_BOX_S))]
 
 
-E2E_BOX_S = 345  # JPEGs made, a cold ResNet-50 compile, 4 fits of ~60 steps (one recompiles), a second process
+E2E_BOX_S = 340  # JPEGs made, a cold ResNet-50 compile, 6 fits of ~60 steps, a second process restarting
 
 
 def e2e(ctx: Context) -> list[dict]:
     """``bench.imagenet_e2e --determinism``: the recipe from JPEG files with each decoder against the synthetic
     compiled rate of the same process, the data wait, the restart's compile, the cost of determinism."""
-    command = [sys.executable, "-m", "bench.imagenet_e2e", "--determinism", "--out", str(ctx.out)]
+    command = [sys.executable, "-m", "bench.imagenet_e2e", "--determinism", "--recipes", "classic,modern"]
+    command += ["--out", str(ctx.out)]
     command += ["--smoke"] if CPU else []
     photos = ROOT / ".gpu-wheels" / "photos"  # the GPU image has no scikit-image, scikit-learn, matplotlib
     env = {"BENCH_PHOTOS": str(photos)} if photos.is_dir() else None
     row = _subprocess_step("ImageNet end to end from JPEG files", command, box(E2E_BOX_S), env)
-    row["proves"] = "img/s from JPEGs per decoder vs the synthetic compiled rate; data wait; compile cache; determinism"
+    row["proves"] = (
+        "img/s from JPEGs per decoder, classic and modern recipe, vs the synthetic compiled rate; data wait; compile "
+        "cache; determinism"
+    )
     try:
         found = max(ctx.out.glob("imagenet_e2e_*.json"), key=lambda p: p.stat().st_mtime)
         results = json.loads(found.read_text())

@@ -12,7 +12,10 @@ process, one fit after the other:
 3. after the first decoder (unless ``--no-restart``): a second process starting the synthetic fit in the same run
    folder, as a restart or requeue does: its time to the end of the first step against the first process's (the
    compile cache);
-4. with ``--determinism``, last: the synthetic fit again with ``--trainer.deterministic true``: what exact resume
+4. with ``--recipes classic,modern``: each decoder's fit again with the modern recipe's per-step work at the same
+   sizes (``bench.recipe_cost.MODERN_ARGS``: TrivialAugment, random erasing, mixup/cutmix, repeated augmentation, the
+   moving average every 32 steps): what the augmentations cost on the CPU loader and on the GPU decoding path;
+5. with ``--determinism``, last: the synthetic fit again with ``--trainer.deterministic true``: what exact resume
    costs.
 
 Each fit is timed with synchronised clocks from the start of step ``--warmup`` (at least the batches the loader
@@ -251,6 +254,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny sizes: a check of this script")
     parser.add_argument("--decoders", default="gpu,cpu", help="data.decode values to train with (gpu,cpu)")
     parser.add_argument("--determinism", action="store_true", help="also the synthetic fit with deterministic true")
+    parser.add_argument("--recipes", default="classic", help="classic,modern: each decoder also with the modern recipe")
     parser.add_argument("--no-restart", action="store_true", help="leave out the second process (the compile cache)")
     parser.add_argument("--compile", action="store_true", help="compile on any device (auto: on CUDA only); with "
                         "--smoke, the CPU's cold compile against the restart's")  # fmt: skip
@@ -296,11 +300,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         steps = int(z["warmup"]) + int(z["steps"])
         jpeg_tree(data, int(z["images"]), int(z["batch"]) * (steps + 1))
         # the most wanted first (a run cut short keeps them): the reference, the first decoder, the restart
-        decoders = [(f"JPEG files, decode {d}", ["--data.data_dir", str(data), "--data.decode", d])
-                    for d in args.decoders.split(",") if d]  # fmt: skip
-        fits: list[tuple[str, list[str] | None]] = [("synthetic", synthetic(z)), *decoders[:1]]
+        decoders = [d for d in args.decoders.split(",") if d]
+        jpegs = [(f"JPEG files, decode {d}", ["--data.data_dir", str(data), "--data.decode", d]) for d in decoders]
+        fits: list[tuple[str, list[str] | None]] = [("synthetic", synthetic(z)), *jpegs[:1]]
         fits += [] if args.no_restart else [("synthetic, restarted", None)]
-        fits += decoders[1:]
+        fits += jpegs[1:]
+        if "modern" in args.recipes.split(","):
+            from bench.recipe_cost import MODERN_ARGS
+
+            fits += [(f"JPEG files, decode {d}, modern recipe", ["--data.data_dir", str(data), "--data.decode", d,
+                      *MODERN_ARGS]) for d in decoders]  # fmt: skip
         if args.determinism:
             fits.append(("synthetic, deterministic", [*synthetic(z), "--trainer.deterministic", "true"]))
         for name, extra in fits:

@@ -17,7 +17,7 @@ from typing import Any
 
 from lightning.pytorch import Callback
 
-from app.strategies.layout import REFERENCE, parity_modes
+from app.strategies.layout import REFERENCE, declared_modes, parity_modes
 from bench.common import RESULTS, machine, machine_line, write_json
 
 STEPS = 6  # optimizer steps per mode; with 3 batches per epoch the runs cross an epoch boundary
@@ -29,13 +29,15 @@ FP64 = ["--trainer.precision", "64-true"]
 # the previous MNIST recipe (per-step warm-up and linear decay), which the committed parity results were measured with;
 # the default recipe's OneCycleLR would set the lr itself (max_lr) and start it 25x lower
 # (given before the data arguments: they need its data.class_path)
-RECIPE = ["--config", str(Path(__file__).resolve().parent.parent / "configs" / "mnist_2epochs.yaml")]
+ROOT = Path(__file__).resolve().parent.parent
+RECIPE = ["--config", str(ROOT / "configs" / "mnist_2epochs.yaml")]
 SGD = ["--model.optimizer", "SGD", "--model.optimizer.lr", "0.05", "--model.optimizer.momentum", "0.9"]
 # the registry's modes, by what their layouts claim (app.strategies.layout): exact vs one device in fp32, close (fp16
 # on the wire), and the fp16 GradScaler scenario
 EXACT_MODES = parity_modes("exact")
 CLOSE_MODES = parity_modes("close")
 AMP_MODES = parity_modes("exact", fp16=True)
+MODERN_MODES = [m for m in EXACT_MODES if m in declared_modes(variants=False)]  # one per strategy class
 
 
 class OverflowOnRank1(Callback):
@@ -55,11 +57,31 @@ class HalveGradientsAfterBackward(Callback):
                 param.grad.mul_(0.5)
 
 
-def scenarios(data_dir: str) -> list[dict]:
+# the modern ImageNet recipe on the test photos: resnet18 at 32 px, 3 images per rank, its repeated augmentation (x4),
+# TrivialAugment, random erasing, mixup/cutmix per device's share, weight decay groups, a 1-epoch warm-up and a
+# moving average updated every step (torchvision's rule, decay 0.95 per image-epoch: 0.7 per update here); float64 with
+# SyncBatchNorm (see FP64), so that every mode must equal the one device on the average and on the training weights
+MODERN = [
+    "--model.arch", "resnet18", "--data.image_size", "32", "--data.batch_size", "3", "--data.num_workers", "0",
+    "--trainer.limit_train_batches", "3", "--trainer.sync_batchnorm", "true", *FP64, "--model.warmup_epochs", "1",
+    "--model.optimizer.init_args.lr", "20", "--ema.torchvision_decay", "0.95", "--ema.update_every_n_steps", "1",
+]  # fmt: skip
+
+
+def scenarios(data_dir: str, photos: str | None = None) -> list[dict]:
+    """The parity job's scenarios on MNIST in ``data_dir``; with ``photos`` (``tools.photos``), the modern recipe's."""
     # mnist_cnn: no BatchNorm, so every mode must equal one device exactly (mnist_fast has BatchNorm)
     common = [*RECIPE, "--data.data_dir", str(data_dir), "--data.batch_size", "8", "--model.arch", "mnist_cnn", *SGD]
     fast = [*common, "--model.arch", "mnist_fast", "--trainer.limit_train_batches", "3"]
+    modern = [
+        {  # the modern ImageNet recipe (configs/imagenet_modern.yaml) on real photos: mixing per device's share
+            "name": "modern",
+            "args": ["--config", str(ROOT / "configs" / "imagenet_modern.yaml"), "--data.data_dir", photos, *MODERN],
+            "modes": MODERN_MODES,
+        }
+    ]
     return [
+        *(modern if photos else []),
         {  # the MNIST example's network (no BatchNorm); plus the wire-compressed all-reduce
             "name": "plain",
             "args": [*common, "--trainer.limit_train_batches", "3"],
@@ -119,13 +141,14 @@ def scenarios(data_dir: str) -> list[dict]:
 def markdown(results: dict[str, Any]) -> str:
     from tools.parity import table
 
+    command = results.get("command", "python -m bench.parity_report").strip()
     return "\n".join(
         [
             "# Parity: every mode against one device",
             "",
-            f"Machine: {machine_line(results['machine'])}. Command: `python -m bench.parity_report` (the scenarios of "
+            f"Machine: {machine_line(results['machine'])}. Command: `{command}` (the scenarios of "
             f"`tests/distributed/test_parity.py`: 2 gloo processes, 8 MNIST images per rank, {STEPS} SGD steps; "
-            f"the SyncBatchNorm scenarios {SYNCBN_STEPS}).",
+            f"the SyncBatchNorm scenarios {SYNCBN_STEPS}; the modern recipe's: 3 photos per rank, {STEPS} steps).",
             "",
             "```",
             table(results),
@@ -138,16 +161,23 @@ def markdown(results: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     from datamodules.mnist import ensure_mnist
     from tools.parity import compare
+    from tools.photos import build_photo_imagenet
 
     parser = argparse.ArgumentParser(prog="python -m bench.parity_report", description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", default="data", help="MNIST folder (fetched if missing)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for parity.{json,md}")
+    parser.add_argument("--scenarios", default="", help="only these (comma-separated), into parity_<names>.{json,md}")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    only = [n for n in args.scenarios.split(",") if n]
+    stem = "parity" + "".join(f"_{n}" for n in only)
     with tempfile.TemporaryDirectory(prefix="parity-") as tmp:
-        results = compare(scenarios(str(ensure_mnist(args.data_dir))), STEPS, 2, Path(tmp), accelerator="cpu")
+        photos = str(build_photo_imagenet(Path(tmp) / "photos"))
+        chosen = [s for s in scenarios(str(ensure_mnist(args.data_dir)), photos) if not only or s["name"] in only]
+        results = compare(chosen, STEPS, 2, Path(tmp), accelerator="cpu")
     results["machine"] = machine()
-    write_json(args.out / "parity.json", results)
-    (args.out / "parity.md").write_text(markdown(results))
+    results["command"] = "python -m bench.parity_report " + " ".join(sys.argv[1:] if argv is None else argv)
+    write_json(args.out / f"{stem}.json", results)
+    (args.out / f"{stem}.md").write_text(markdown(results))
     print(markdown(results))
     return results
 

@@ -142,6 +142,11 @@ class ImageDataModule(LightningDataModule):
     # core.datamodule.ImageData's defaults; a subclass sets num_classes and in_channels, and overrides what differs
     input_shape: tuple[int, ...] | None = None
     random_transforms = False  # True where the training transforms draw random numbers (crops, flips)
+    repeats = 1  # repeated augmentation: each sample of an epoch loaded this many times (datamodules.resumable)
+    # tools.parity's single device replays the global batches of a run of this many ranks, each the concatenation of
+    # the ranks' shards: what is drawn per device (the batch mixing) is drawn per shard, as each rank drew it
+    replay_shards: int | None = None
+    train_seed = 0  # the training sampler's seed (the run's), known once the training loader exists
 
     @classmethod
     def config_problems(cls, init_args: Any) -> list[str]:
@@ -207,6 +212,18 @@ class ImageDataModule(LightningDataModule):
         trainer.fit_loop._load_combined_loader_states()
         return trainer.fit_loop.epoch_loop.batch_progress.current.ready
 
+    def batch_shards(self) -> tuple[int, int]:
+        """Where this process's training batch lies in the step's global batch, in device shards: (first, count).
+        ``ddp``: shard ``rank`` of one; a strategy that splits a process's batch over its devices (``dp``) says into
+        how many (``batch_splits``); :attr:`replay_shards`: all of them."""
+        if self.replay_shards:
+            return 0, self.replay_shards
+        trainer = self.trainer
+        if trainer is None:
+            return 0, 1
+        splits = int(getattr(trainer.strategy, "batch_splits", 1))
+        return trainer.global_rank * splits, splits
+
     def _loader(self, dataset: Dataset, train: bool, **kwargs: Any) -> DataLoader:
         """A loader with the per-device batch; evaluation loaders get the unpadded sampler when distributed.
 
@@ -236,7 +253,8 @@ class ImageDataModule(LightningDataModule):
             return DataLoader(dataset, shuffle=False, sampler=self._eval_sampler(dataset), **common)
         dist_kwargs = self.trainer.distributed_sampler_kwargs if self.trainer is not None else None
         replicas, rank = (dist_kwargs["num_replicas"], dist_kwargs["rank"]) if dist_kwargs else (1, 0)
-        sampler = ResumableSampler(dataset, num_replicas=replicas, rank=rank)
-        if self.random_transforms:
-            dataset = SeededDataset(dataset, sampler.seed)
+        sampler = ResumableSampler(dataset, num_replicas=replicas, rank=rank, repeats=self.repeats)
+        self.train_seed = sampler.seed
+        if self.random_transforms or self.repeats > 1:
+            dataset = SeededDataset(dataset, sampler.seed, self.repeats)
         return ResumableLoader(dataset, sampler, progress=self._batches_done, **common)

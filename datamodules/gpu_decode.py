@@ -41,15 +41,29 @@ from PIL import Image
 from torchvision.transforms import v2
 
 from core.env import set_default
+from datamodules.augment import (
+    MEAN,
+    MEAN_LEVELS,
+    STD,
+    apply_trivial_augment,
+    erase_batch,
+    erasing_draw,
+    trivial_augment,
+    trivial_augment_draw,
+)
 from datamodules.decode import EXIF_ORIENTATION, UnreadableImageError, _Skipped, decode
 
 # one image's geometry as the workers draw it (:func:`draw`): the region to decode in the (oriented) image, the flip,
 # whether the region is decoded alone (1) or cut from the whole image (0: an EXIF orientation the decoder applies
-# first), and per axis the source pixels per output pixel and the first output pixel's offset in source pixels
-GEOMETRY = ("top", "left", "height", "width", "flip", "roi", "scale_y", "shift_y", "scale_x", "shift_x")
-TOP, LEFT, HEIGHT, WIDTH, FLIP, ROI, SCALE_Y, SHIFT_Y, SCALE_X, SHIFT_X = range(len(GEOMETRY))
-MEAN = (0.485, 0.456, 0.406)  # ImageNet's, as datamodules.imagenet (which imports this module)
-STD = (0.229, 0.224, 0.225)
+# first), per axis the source pixels per output pixel and the first output pixel's offset in source pixels, the
+# output side, TrivialAugmentWide's operation (-1: none) and magnitude, and the random erasing's box (height 0: none)
+GEOMETRY = (
+    "top", "left", "height", "width", "flip", "roi", "scale_y", "shift_y", "scale_x", "shift_x", "size",
+    "augment_op", "augment_magnitude", "erase_top", "erase_left", "erase_height", "erase_width",
+)  # fmt: skip
+TOP, LEFT, HEIGHT, WIDTH, FLIP, ROI, SCALE_Y, SHIFT_Y, SCALE_X, SHIFT_X, SIZE, AUGMENT_OP, AUGMENT_MAGNITUDE = range(13)
+ERASE = slice(13, 17)
+IDENTITY = 0  # TrivialAugmentWide's first operation, which leaves the image as it is (-1: not augmented)
 CHUNK = 32  # images resized at once: bounds the padded float copy of the boxes (32 x 500 x 500 x 3 x 2 B = 48 MB)
 
 
@@ -116,13 +130,16 @@ def _size_for_draws(header: Image.Image) -> tuple[Any, bool]:
 
 def draw(data: bytes, transform: v2.Compose) -> tuple[float, ...]:
     """One image's geometry, drawn in a loader worker exactly as the CPU path draws it: the region to decode (top,
-    left, height, width), the flip, whether that region is decoded alone, and the resize from it (per axis: source
-    pixels per output pixel and the offset of the first output pixel), as :data:`GEOMETRY` lists them.
+    left, height, width), the flip, whether that region is decoded alone, the resize from it (per axis: source pixels
+    per output pixel and the offset of the first output pixel), the output side, and the per-image augmentations, as
+    :data:`GEOMETRY` lists them.
 
     Training (``RandomResizedCrop`` then ``RandomHorizontalFlip``): the box is the crop's own ``make_params`` on the
     image's size, the flip the flip's own ``torch.rand(1) < p``, in that order, as ``decode_crop`` and the transform
-    draw them; the box is resized to the output size. Evaluation (``Resize`` then ``CenterCrop``): the whole image,
-    and the rows and columns of its resize that the centre crop keeps.
+    draw them; the box is resized to the output size. Then, if the transform has them, TrivialAugmentWide's operation
+    and magnitude and random erasing's box, with their own draws in the transform's order
+    (:mod:`datamodules.augment`). Evaluation (``Resize`` then ``CenterCrop``): the whole image, and the rows and
+    columns of its resize that the centre crop keeps.
 
     Raises:
         OSError: the header cannot be read (the CPU path's error for an unreadable file).
@@ -136,7 +153,14 @@ def draw(data: bytes, transform: v2.Compose) -> tuple[float, ...]:
         flip = len(steps) > 1 and isinstance(steps[1], v2.RandomHorizontalFlip) and bool(torch.rand(1) < steps[1].p)
         out_h, out_w = steps[0].size
         top, left, box_h, box_w = box["top"], box["left"], box["height"], box["width"]
-        return top, left, box_h, box_w, int(flip), int(roi), box_h / out_h, 0.0, box_w / out_w, 0.0
+        augment, erase = (-1, 0.0), (0, 0, 0, 0)
+        for step in steps[2:]:
+            if isinstance(step, v2.TrivialAugmentWide):
+                augment = trivial_augment_draw(step)
+            elif isinstance(step, v2.RandomErasing):
+                erase = erasing_draw(step, (out_h, out_w))
+        geometry = (top, left, box_h, box_w, int(flip), int(roi), box_h / out_h, 0.0, box_w / out_w, 0.0, out_h)
+        return (*geometry, *augment, *erase)
     if isinstance(steps[0], v2.Resize) and isinstance(steps[1], v2.CenterCrop):
         # v2.Resize(short): the shorter side to `short`, the longer scaled and truncated; v2.CenterCrop: its offset
         # rounded. Output pixel i is pixel i + offset of that resize: the same filter windows, cut afterwards.
@@ -148,7 +172,7 @@ def draw(data: bytes, transform: v2.Compose) -> tuple[float, ...]:
         crop_h, crop_w = steps[1].size
         top, left = int(round((resized_h - crop_h) / 2.0)), int(round((resized_w - crop_w) / 2.0))
         scale_y, scale_x = height / resized_h, width / resized_w
-        return 0, 0, height, width, 0, 0, scale_y, top * scale_y, scale_x, left * scale_x
+        return 0, 0, height, width, 0, 0, scale_y, top * scale_y, scale_x, left * scale_x, crop_h, -1, 0.0, 0, 0, 0, 0
     raise ValueError(f"data.decode gpu draws RandomResizedCrop + flip or Resize + CenterCrop only, not {transform}")
 
 
@@ -242,16 +266,15 @@ class BatchDecoder:
     Args:
         device: the training device: CUDA (nvImageCodec's GPU decoders, its CPU backend for what they lack) or CPU
             (its CPU backend only).
-        size: the output side in pixels.
         skip_unreadable: an image no decoder reads is left out of its batch (named in ``skipped``) instead of
             stopping the run.
     """
 
-    def __init__(self, device: torch.device, size: int, skip_unreadable: bool = False) -> None:
+    def __init__(self, device: torch.device, skip_unreadable: bool = False) -> None:
         module, said = nvimgcodec()
         if module is None:
             raise ImportError(f"nvImageCodec cannot be imported ({said.strip()[:300]}): pip install {_package()}")
-        self.nv, self.device, self.size, self.skip_unreadable = module, device, size, skip_unreadable
+        self.nv, self.device, self.skip_unreadable = module, device, skip_unreadable
         if device.type == "cuda":
             self.decoder = module.Decoder(device_id=device.index or 0)
         else:
@@ -262,6 +285,8 @@ class BatchDecoder:
         self.skipped: list[str] = []  # images no decoder could read (skip_unreadable)
         mean = torch.tensor(MEAN, dtype=torch.float32, device=device) * 255
         self.mean, self.std = mean, torch.tensor(STD, dtype=torch.float32, device=device) * 255
+        self.trivial_augment = trivial_augment()  # the workers drew its operations (draw); they are applied here
+        self.erase_value = torch.tensor(MEAN_LEVELS, dtype=torch.float32, device=device)
 
     def _stream(self, image: np.ndarray, geometry: list[int]) -> Any:
         stream = self.nv.CodeStream(image)
@@ -329,16 +354,35 @@ class BatchDecoder:
         if not boxes:
             raise UnreadableImageError(f"all {len(batch)} images of a batch are unreadable (e.g. {batch.names[0]})")
         geometry = batch.geometry[kept]
+        size = int(geometry[0, SIZE])  # the training crop or the evaluation crop: one per batch
         compute = torch.float16 if self.device.type == "cuda" else torch.float32
-        out = torch.empty(len(boxes), self.size, self.size, 3, dtype=dtype, device=self.device)
+        out = torch.empty(len(boxes), size, size, 3, dtype=dtype, device=self.device)
         # chunks of boxes of similar size (sorted by area): each is padded to its largest box, not the batch's
         order = sorted(range(len(boxes)), key=lambda i: boxes[i].shape[0] * boxes[i].shape[1])
         for start in range(0, len(boxes), CHUNK):
             chunk = order[start : start + CHUNK]
-            resized = resize_batch([boxes[i] for i in chunk], self.size, geometry[chunk], compute).float()
+            resized = resize_batch([boxes[i] for i in chunk], size, geometry[chunk], compute).float()
+            resized = self._augment(resized, geometry[chunk])
             out[to_device(torch.tensor(chunk), self.device)] = ((resized - self.mean) / self.std).to(dtype)
         labels = batch.labels[kept] if len(kept) < len(batch) else batch.labels
         return out.permute(0, 3, 1, 2), labels
+
+    def _augment(self, resized: torch.Tensor, geometry: torch.Tensor) -> torch.Tensor:
+        """TrivialAugmentWide and random erasing as the workers drew them (:func:`draw`), on float [n, s, s, 3] images
+        in pixel levels. Images to augment are first rounded to uint8, as the CPU path's crop hands them over; each is
+        transformed on its own, on the device (torchvision's kernels take one operation and magnitude per call, and
+        each image has its own); the erasing is one masked write for the chunk."""
+        ops = [int(op) for op in geometry[:, AUGMENT_OP].tolist()]
+        if any(op > IDENTITY for op in ops):
+            pixels = resized.round().clamp_(0, 255).to(torch.uint8).permute(0, 3, 1, 2)
+            for k, (op, magnitude) in enumerate(zip(ops, geometry[:, AUGMENT_MAGNITUDE].tolist(), strict=True)):
+                if op > IDENTITY:
+                    pixels[k] = apply_trivial_augment(self.trivial_augment, pixels[k], op, magnitude)
+            resized = pixels.permute(0, 2, 3, 1).float()
+        boxes = geometry[:, ERASE]
+        if bool((boxes[:, 2] > 0).any()):
+            resized = erase_batch(resized, to_device(boxes.to(torch.int64), self.device), self.erase_value)
+        return resized
 
 
 def input_dtype(precision: str) -> torch.dtype:

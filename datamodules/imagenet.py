@@ -12,7 +12,9 @@ read map-style in the same order, with the same transforms: :mod:`datamodules.sh
 Transforms are the classic ones: training RandomResizedCrop(image_size) + horizontal flip, evaluation
 resize to image_size / 0.875 (256 for 224) + center crop; ImageNet mean and std. With ``normalize_on_device`` the
 workers hand over uint8 tensors (4x less to collate, pin and copy) and the conversion to float and normalisation run
-on the accelerator after the transfer (the prefetcher trick of the Apex ImageNet example and timm).
+on the accelerator after the transfer (the prefetcher trick of the Apex ImageNet example and timm). The modern
+recipe's are options (:mod:`datamodules.augment`): TrivialAugmentWide, random erasing, MixUp/CutMix, repeated
+augmentation, and an evaluation resolution of its own.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from torchvision.transforms import v2
 
 from core.device import AUTO, Auto, describe, flag
 from core.errors import UserError, with_link
+from datamodules.augment import MEAN, STD, BatchMixer, image_transforms, mixing_line
 from datamodules.base import ImageDataModule, Workers
 from datamodules.decode import (
     DECODERS,
@@ -52,9 +55,14 @@ from datamodules.gpu_decode import (
 )
 from datamodules.shards import PLAN, ShardDataset, is_shards, read_manifest
 
-MEAN = (0.485, 0.456, 0.406)
-STD = (0.229, 0.224, 0.225)
 TRAIN_SIZE, VAL_SIZE, NUM_CLASSES = 1_281_167, 50_000, 1000
+# the modern recipe's options with a range: name -> (whether a value is outside it, what the option takes)
+RANGES = {
+    "random_erasing": (lambda p: not 0 <= p <= 1, "a probability, from 0 (off) to 1 (0.1 in the modern recipe)"),
+    "mixup_alpha": (lambda a: a < 0, "a Beta distribution's alpha, 0 (off) or more (0.2 in the modern recipe)"),
+    "cutmix_alpha": (lambda a: a < 0, "a Beta distribution's alpha, 0 (off) or more (1.0 in the modern recipe)"),
+    "repeated_augmentation": (lambda n: n < 1, "copies of each sample per epoch, 1 (off) or more (4 in the recipe)"),
+}
 
 
 class ImageNetDataError(UserError, RuntimeError):
@@ -142,13 +150,7 @@ def normalize(images: torch.Tensor) -> torch.Tensor:
 
 def classic_transforms(image_size: int, train: bool, uint8: bool, crop_ratio: float = 0.875) -> v2.Compose:
     """The ResNet paper / pytorch/examples transforms; output float normalised, or uint8 for on-device normalising."""
-    if train:
-        geometry = [v2.RandomResizedCrop(image_size, antialias=True), v2.RandomHorizontalFlip()]
-    else:
-        geometry = [v2.Resize(round(image_size / crop_ratio), antialias=True), v2.CenterCrop(image_size)]
-    if uint8:
-        return v2.Compose([*geometry, v2.PILToTensor()])
-    return v2.Compose([*geometry, v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)])
+    return image_transforms(image_size, train, uint8, resize=round(image_size / crop_ratio))
 
 
 class ImageNetDataModule(ImageDataModule):
@@ -162,7 +164,10 @@ class ImageNetDataModule(ImageDataModule):
         num_workers: DataLoader workers per process, or ``auto`` (the node's CPUs // its training processes - 1,
             see :func:`datamodules.base.auto_workers`). The whole node's workers (x processes per node) should not
             exceed its CPUs; a warning says when they do.
-        image_size: training crop and evaluation center crop (224 classic); evaluation resizes to image_size / 0.875.
+        image_size: training crop, and evaluation centre crop unless ``eval_image_size`` is given (224 classic).
+        eval_image_size: evaluation centre crop when it differs from the training crop (FixRes: the modern recipe
+            trains at 176 and evaluates at 224).
+        eval_resize_size: evaluation: the shorter side before the centre crop (default the crop / 0.875: 256 for 224).
         normalize_on_device: workers produce uint8 tensors; float conversion and normalisation happen on the device.
             ``auto``: on CUDA only.
         skip_unreadable: skip images that cannot be decoded (each rank reports how many) instead of stopping.
@@ -175,6 +180,15 @@ class ImageNetDataModule(ImageDataModule):
             (nvImageCodec decodes each batch on the training device: :mod:`datamodules.gpu_decode`), or ``auto``
             (``gpu`` on CUDA where nvImageCodec and nvJPEG load, else ``cpu``); see :mod:`datamodules.decode`. On the
             CPU, JPEGs much larger than the transform needs are decoded at reduced size.
+        trivial_augment: TrivialAugmentWide per training image, after the flip (the modern recipe).
+        random_erasing: random erasing's probability per training image; the box is filled with the ImageNet mean
+            (0 once normalised, as torchvision's reference erases normalised images) (0: none).
+        mixup_alpha: MixUp of each training batch with Beta(alpha, alpha) (0: none); with ``cutmix_alpha`` too, one
+            of the two per batch, at even odds. Each device's share of the batch is mixed within itself
+            (:class:`~datamodules.augment.BatchMixer`); the labels become probabilities.
+        cutmix_alpha: CutMix of each training batch with Beta(alpha, alpha) (0: none).
+        repeated_augmentation: each epoch loads a ``1/n``-th of the training images ``n`` times, each copy with its
+            own augmentations, the copies on consecutive ranks (1: off; the modern recipe: 4).
     """
 
     in_channels = 3
@@ -195,10 +209,20 @@ class ImageNetDataModule(ImageDataModule):
         synthetic_val_size: int = VAL_SIZE,
         num_classes: int | None = None,
         decode: Decoder = AUTO,
+        eval_image_size: int | None = None,
+        eval_resize_size: int | None = None,
+        trivial_augment: bool = False,
+        random_erasing: float = 0.0,
+        mixup_alpha: float = 0.0,
+        cutmix_alpha: float = 0.0,
+        repeated_augmentation: int = 1,
     ) -> None:
         super().__init__(batch_size=batch_size, global_batch_size=global_batch_size, num_workers=num_workers)
-        if image_size < 8:
-            raise ValueError(f"data.image_size must be at least 8 pixels, got {image_size}")
+        if min(image_size, eval_image_size or image_size, eval_resize_size or image_size) < 8:
+            raise ValueError(
+                f"data.image_size, eval_image_size and eval_resize_size must be at least 8 pixels, got {image_size}, "
+                f"{eval_image_size}, {eval_resize_size}"
+            )
         if decode not in DECODERS:
             raise ImageNetDataError(f"data.decode must be one of {', '.join(DECODERS)}, got {decode!r}")
         # num_classes is the model's hyperparameter (linked by the CLI); saving it here too would clash when the
@@ -209,6 +233,8 @@ class ImageNetDataModule(ImageDataModule):
         self.decoder: Decoder = "cpu"  # data.decode and normalize_on_device as resolved in setup() (``auto``)
         self.normalizes_on_device = False
         self._batch_decoder: BatchDecoder | None = None
+        self.repeats = repeated_augmentation
+        self.mixer: BatchMixer | None = None  # made with the training loader (it needs the run's seed)
         folders = self._class_folders(self.data_dir) if not synthetic else []
         self.num_classes = num_classes or len(folders) or NUM_CLASSES
         if problems := self.config_problems(self.hparams):  # the CLI's preflight has said it already
@@ -224,9 +250,15 @@ class ImageNetDataModule(ImageDataModule):
     @classmethod
     def config_problems(cls, init_args: Any) -> list[str]:
         """What these arguments cannot train, each with its fix (the preflight asks before the DataModule is built):
-        a classifier of one class learns nothing, and torchmetrics refuses it with a traceback."""
-        if init_args.get("synthetic"):
-            return []
+        a classifier of one class learns nothing, and torchmetrics refuses it with a traceback; an augmentation's
+        probability outside [0, 1], a negative mixing alpha, fewer than one repeat."""
+        problems = [
+            f"data.{name}={init_args[name]} is out of range: {what}."
+            for name, (wrong, what) in RANGES.items()
+            if init_args.get(name) is not None and wrong(init_args[name])
+        ]
+        if problems or init_args.get("synthetic"):
+            return problems
         folders = cls._class_folders(Path(init_args["data_dir"])) if init_args.get("data_dir") else []
         count = init_args.get("num_classes") or len(folders) or NUM_CLASSES
         if count >= 2:
@@ -250,7 +282,7 @@ class ImageNetDataModule(ImageDataModule):
                 split,
                 self._transform(train),
                 decoder=self.decoder,
-                min_side=min_side_for(self.hparams.image_size, train),
+                min_side=self._min_side(train),
                 skip_unreadable=self.hparams.skip_unreadable,
             )
             if len(shards.classes) != self.num_classes:
@@ -284,7 +316,7 @@ class ImageNetDataModule(ImageDataModule):
                 transform,
                 skip_unreadable=self.hparams.skip_unreadable,
                 decoder=self.decoder,
-                min_side=min_side_for(self.hparams.image_size, train),
+                min_side=self._min_side(train),
             )
         except FileNotFoundError as err:  # ImageFolder: no class folder or no image in one
             said = str(err).rstrip(".")
@@ -302,10 +334,23 @@ class ImageNetDataModule(ImageDataModule):
             )
         return dataset
 
+    def _eval_sizes(self) -> tuple[int, int]:
+        """Evaluation's centre crop and the shorter side resized to before it."""
+        crop = self.hparams.eval_image_size or self.hparams.image_size
+        return crop, self.hparams.eval_resize_size or round(crop / 0.875)
+
     def _transform(self, train: bool) -> v2.Compose:
         # uint8 when normalised on the device; always under decode gpu (only its draws are used, in the workers)
         uint8 = self.normalizes_on_device or self.decoder == "gpu"
-        return classic_transforms(self.hparams.image_size, train, uint8=uint8)
+        if not train:
+            crop, resize = self._eval_sizes()
+            return image_transforms(crop, False, uint8, resize=resize)
+        h = self.hparams
+        return image_transforms(h.image_size, True, uint8, trivial=h.trivial_augment, erasing=h.random_erasing)
+
+    def _min_side(self, train: bool) -> int:
+        """The shortest source side the transform uses whole: reduced-size decoding keeps at least this much."""
+        return min_side_for(self.hparams.image_size, True) if train else self._eval_sizes()[1]
 
     def _device(self) -> torch.device:
         if self.trainer is not None:
@@ -330,9 +375,10 @@ class ImageNetDataModule(ImageDataModule):
 
     @classmethod
     def plan_lines(cls, init_args: Any, cuda: bool) -> list[str]:
-        """What the plan says of this data before anything is built: the decoder and where normalising runs."""
+        """What the plan says of this data before anything is built: the decoder and where normalising runs, and the
+        modern recipe's choices when they are on (augmentations and where they run, mixing, the sampler)."""
         if init_args.get("synthetic"):
-            return ["data         synthetic uint8 images, normalised on the device"]
+            return ["data         synthetic uint8 images, normalised on the device", *cls._recipe_lines(init_args)]
         decoder, why = cls._decoder_for(init_args.get("decode", AUTO), cuda)
         given = init_args.get("normalize_on_device", AUTO)
         if decoder == "gpu":
@@ -343,13 +389,51 @@ class ImageNetDataModule(ImageDataModule):
                 f"decode       gpu: nvImageCodec {version} on {where}; the loader workers read bytes, draw the crops "
                 f"({why})",
                 "normalise    on the device, with the decoding (data.decode gpu)",
+                *cls._recipe_lines(init_args, decoder),
             ]
         engine = _torchcodec_version() if decoder == "cpu" else "PIL"
         where = "on the device" if flag(given, cuda) else "in the loader workers"
         return [
             f"decode       {decoder}: {engine} in the loader workers ({why})",
             f"normalise    {describe('data.normalize_on_device', given, where, cuda)}",
+            *cls._recipe_lines(init_args, decoder),
         ]
+
+    @staticmethod
+    def _recipe_lines(init_args: Any, decoder: str | None = None) -> list[str]:
+        """The plan's lines for the options beyond the classic recipe, each only when it is on."""
+        lines = []
+        named = [n for n, on in (("TrivialAugmentWide", init_args.get("trivial_augment")),
+                                 (f"random erasing {init_args.get('random_erasing')}", init_args.get("random_erasing")))
+                 if on]  # fmt: skip
+        if named and decoder is not None:
+            where = (
+                "applied on the device after decoding, image by image (data.decode gpu)"
+                if decoder == "gpu"
+                else "applied there"
+            )
+            lines.append(
+                f"augment      {', '.join(named)} per image: drawn in the loader workers (per sample), {where}"
+            )
+        mixup, cutmix = init_args.get("mixup_alpha") or 0.0, init_args.get("cutmix_alpha") or 0.0
+        if mixup or cutmix:
+            lines.append(mixing_line(mixup, cutmix))
+        repeats = init_args.get("repeated_augmentation") or 1
+        if repeats > 1:
+            lines.append(
+                f"sampler      repeated augmentation x{repeats}: each epoch loads 1/{repeats} of the images {repeats} "
+                "times, each copy augmented on its own, the copies on consecutive ranks; its position is saved in "
+                "checkpoints (data.repeated_augmentation)"
+            )
+        crop, resize = init_args.get("eval_image_size"), init_args.get("eval_resize_size")
+        if crop or resize:
+            size = init_args.get("image_size", 224)
+            crop = crop or size
+            lines.append(
+                f"evaluate     resize {resize or round(crop / 0.875)}, centre crop {crop}; training crops {size} "
+                "(data.eval_image_size, data.eval_resize_size)"
+            )
+        return lines
 
     def setup(self, stage: str | None = None) -> None:
         # here, not in __init__: the CLI wraps an __init__ error into its own long message
@@ -388,7 +472,11 @@ class ImageNetDataModule(ImageDataModule):
     def train_dataloader(self) -> DataLoader:
         if getattr(self, "train_set", None) is None:
             raise ImageNetDataError("setup('fit') was not run: no training set")
-        return self._loader(self.train_set, train=True, drop_last=True, **self._collate())
+        loader = self._loader(self.train_set, train=True, drop_last=True, **self._collate())
+        h = self.hparams
+        if h.mixup_alpha or h.cutmix_alpha:
+            self.mixer = BatchMixer(self.num_classes, h.mixup_alpha, h.cutmix_alpha, self.train_seed)
+        return loader
 
     def val_dataloader(self) -> DataLoader:
         return self._loader(self.val_set, train=False, **self._collate())
@@ -409,7 +497,7 @@ class ImageNetDataModule(ImageDataModule):
             return batch
         if self._batch_decoder is None:  # made on first use, on this rank's device
             skip = self.hparams.skip_unreadable
-            self._batch_decoder = BatchDecoder(self._device(), self.hparams.image_size, skip_unreadable=skip)
+            self._batch_decoder = BatchDecoder(self._device(), skip_unreadable=skip)
         precision = str(self.trainer.precision) if self.trainer is not None else "32-true"
         images, labels = self._batch_decoder(batch, input_dtype(precision))
         return (images, labels, batch.skipped) if batch.skipped else (images, labels)
@@ -426,6 +514,14 @@ class ImageNetDataModule(ImageDataModule):
             # path hands the step the same dtype, so a compiled step has one graph)
             precision = str(self.trainer.precision) if self.trainer is not None else "32-true"
             images = normalize(images).to(input_dtype(precision))
+        if self.mixer is not None and self.trainer is not None and self.trainer.training:
+            # the batch's position: the epoch and this batch's index in it (the training loop counts it ready after
+            # this hook), restored with the loop on a resume
+            epoch, batch_index = (
+                self.trainer.current_epoch,
+                self.trainer.fit_loop.epoch_loop.batch_progress.current.ready,
+            )
+            images, labels = self.mixer(images, labels, epoch, batch_index, *self.batch_shards())
         return images, labels
 
     def _note_skipped(self, paths: list[str]) -> None:

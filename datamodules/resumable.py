@@ -15,7 +15,11 @@ epoch, as in ``DistributedSampler``) and how many batches of it the training loo
   all ranks, and its size does not grow with the dataset (``bench/resume_state.py``);
 - with random augmentations, every sample is loaded with the torch/numpy/python generators seeded from
   (seed, epoch, sample index) (:class:`SeededDataset`): what a worker draws for a sample does not depend on which
-  worker loads it, how many workers there are, or where the run was resumed.
+  worker loads it, how many workers there are, or where the run was resumed;
+- repeated augmentation (``repeats`` > 1, the sampler of torchvision's and timm's recipes): each epoch draws
+  ``1/repeats`` of the images and loads each ``repeats`` times, the copies spread over consecutive ranks; a copy is a
+  position ``index x repeats + copy`` of a longer, virtual data set, so each copy has a seed, and augmentations, of
+  its own, and the guarantees above hold for the virtual positions unchanged.
 
 Resuming mid-epoch on another layout (processes, per-device batch, dataset size) cannot give the same batches: it is
 refused with one line naming the fix. A checkpoint without loader state (saved by an earlier version) resumes as
@@ -57,14 +61,15 @@ def _seed_all(value: int) -> None:
 
 
 class SeededDataset(Dataset):
-    """``dataset[index]`` with the random generators seeded from (seed, epoch, index); keys are ``(index, epoch)``.
+    """``dataset[index // repeats]`` with the random generators seeded from (seed, epoch, index); keys are
+    ``(index, epoch)``, ``index`` a position of the sampler (``repeats`` > 1: copy ``index % repeats`` of a sample).
 
     In a worker process the generators are simply re-seeded (nothing else draws from them there); in the main process
     (``num_workers`` 0) they are put back afterwards, so the training step's dropout draws what it would have.
     """
 
-    def __init__(self, dataset: Dataset, seed: int) -> None:
-        self.dataset, self.seed = dataset, seed
+    def __init__(self, dataset: Dataset, seed: int, repeats: int = 1) -> None:
+        self.dataset, self.seed, self.repeats = dataset, seed, repeats
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
@@ -73,11 +78,11 @@ class SeededDataset(Dataset):
         index, epoch = key if isinstance(key, tuple) else (key, 0)
         if get_worker_info() is not None:
             _seed_all(sample_seed(self.seed, epoch, index))
-            return self.dataset[index]
+            return self.dataset[index // self.repeats]
         state = torch.get_rng_state(), random.getstate(), np.random.get_state()
         try:
             _seed_all(sample_seed(self.seed, epoch, index))
-            return self.dataset[index]
+            return self.dataset[index // self.repeats]
         finally:
             torch.set_rng_state(state[0])
             random.setstate(state[1])
@@ -103,15 +108,35 @@ class ResumableSampler(DistributedSampler):
     """``DistributedSampler`` (shuffled, Lightning's seed) that skips ``skip`` samples of epoch ``skip_epoch`` once.
 
     With one process it is the whole permutation (``num_replicas=1``): the same code path on every layout.
+
+    ``repeats`` > 1: repeated augmentation, as torchvision's ``RASampler`` (timm's ``RepeatAugSampler``): the epoch's
+    permutation with each sample repeated ``repeats`` times in a row (as positions ``index x repeats + copy``), dealt
+    to the ranks in turn, so the copies of a sample go to consecutive ranks; each rank keeps its first
+    ``ceil(len / ranks)`` positions, as without repeats (an epoch trains as many images as the data set holds, a
+    ``repeats``-th of them distinct). timm's default also rounds the epoch down to a multiple of 256 images; not here.
     """
 
-    def __init__(self, dataset: Dataset, num_replicas: int = 1, rank: int = 0, seed: int | None = None) -> None:
+    def __init__(
+        self, dataset: Dataset, num_replicas: int = 1, rank: int = 0, seed: int | None = None, repeats: int = 1
+    ) -> None:
         seed = int(os.environ.get("PL_GLOBAL_SEED", 0)) if seed is None else seed
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
+        if repeats < 1:
+            raise ValueError(f"repeated augmentation needs 1 or more repeats, got {repeats}")
+        self.repeats = repeats
         self.skip, self.skip_epoch = 0, -1
 
+    def _positions(self) -> Iterator[int]:
+        if self.repeats == 1:
+            return super().__iter__()
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)  # DistributedSampler's permutation
+        order = torch.randperm(len(self.dataset), generator=generator).tolist()  # type: ignore[arg-type]
+        positions = [index * self.repeats + copy for index in order for copy in range(self.repeats)]
+        positions += positions[: self.total_size - len(positions)]  # a tiny data set on many ranks: padded, as theirs
+        return iter(positions[self.rank :: self.num_replicas][: self.num_samples])
+
     def __iter__(self) -> Iterator[int]:
-        indices = super().__iter__()
+        indices = self._positions()
         if self.skip_epoch == self.epoch and self.skip:
             skip, self.skip, self.skip_epoch = self.skip, 0, -1
             for _ in range(skip):
@@ -171,6 +196,7 @@ class ResumableLoader(DataLoader):
             "batch_size": int(self.batch_size or 1),
             "dataset_size": len(sampler.dataset),  # type: ignore[arg-type]
             "seed": sampler.seed,
+            "repeats": getattr(sampler, "repeats", 1),
         }
 
     def state_dict(self) -> dict[str, int]:
@@ -198,7 +224,7 @@ class ResumableLoader(DataLoader):
                     "samples are trained twice and others not at all; the epochs after it are exact."
                 )
             return 0
-        saved = {k: pending.get(k) for k in self._layout()}
+        saved = {k: pending.get(k, 1 if k == "repeats" else None) for k in self._layout()}  # (older: no repeats)
         if saved != self._layout():
             changed = ", ".join(f"{k} {saved[k]} -> {v}" for k, v in self._layout().items() if saved[k] != v)
             raise ResumeLayoutError(

@@ -25,6 +25,14 @@ from core.errors import UserError
 from core.logging_steps import is_logging_step
 from modules import zoo
 
+# the layers whose parameters ``norm_bias_weight_decay`` exempts (torchvision's set_weight_decay list)
+NORM_LAYERS = (
+    torch.nn.modules.batchnorm._BatchNorm,
+    torch.nn.LayerNorm,
+    torch.nn.GroupNorm,
+    torch.nn.modules.instancenorm._InstanceNorm,
+    torch.nn.LocalResponseNorm,
+)
 COMPILE_CACHE = "compile_cache"  # in the run folder: a restart, a requeue or the next run there compiles nothing again
 FP16_EPS = 1e-4  # the eps an optimizer gets under 16-true when its own is 0 in float16 (_fp16_safe_eps)
 
@@ -42,7 +50,9 @@ class ImageClassifier(LightningModule):
             or ``--model.optimizer SGD --model.optimizer.lr 0.1`` on the command line.
         lr_scheduler: optional LR scheduler given the same way (e.g. ``torch.optim.lr_scheduler.StepLR``).
         lr_scheduler_interval: step the scheduler every ``epoch`` or every optimizer ``step``.
-        label_smoothing: cross-entropy label smoothing.
+        label_smoothing: cross-entropy label smoothing (also of mixed labels, as torchvision's recipe).
+        norm_bias_weight_decay: the weight decay of normalisation layers' parameters and of every bias, in a
+            parameter group of their own (the modern recipe: 0.0); None: the optimizer's for every parameter.
         lr_reference_batch_size: linear LR scaling: the optimizer's ``lr`` is the rate per this many images of
             global batch (256 in the ImageNet recipe) and the optimizer runs with ``lr x global batch / this``.
             The global batch is the datamodule's ``batch_size x world size x accumulate_grad_batches``.
@@ -70,6 +80,7 @@ class ImageClassifier(LightningModule):
         lr_scheduler: LRSchedulerCallable | None = None,
         lr_scheduler_interval: Literal["epoch", "step"] = "epoch",
         label_smoothing: float = 0.0,
+        norm_bias_weight_decay: float | None = None,
         lr_reference_batch_size: int | None = None,
         warmup_epochs: float = 0.0,
         channels_last: bool | Auto = False,
@@ -130,11 +141,13 @@ class ImageClassifier(LightningModule):
         return self.net(x)
 
     def forward_step(self, batch) -> dict[str, torch.Tensor]:
-        """Forward and loss of one batch, without logging. Under ``dp`` this runs in every GPU's replica."""
+        """Forward and loss of one batch, without logging. Under ``dp`` this runs in every GPU's replica. Labels are
+        class indices, or probabilities (mixed by MixUp/CutMix: the loss is against them, the accuracy against the
+        class each image mostly is)."""
         x, y = batch
         logits = self(x)
         loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
-        return {"loss": loss, "logits": logits, "target": y}
+        return {"loss": loss, "logits": logits, "target": y.argmax(-1) if y.is_floating_point() else y}
 
     def log_step(self, outputs: dict[str, torch.Tensor], stage: str) -> torch.Tensor:
         """Metrics and logging of one batch, run once (under ``dp``: on the root device, on the gathered outputs)."""
@@ -312,8 +325,21 @@ class ImageClassifier(LightningModule):
         warmup_steps = max(1, round(warmup_epochs * steps_per_epoch))
         return min(1.0, (self.trainer.global_step + 1) / warmup_steps)
 
+    def param_groups(self) -> list[dict[str, Any]] | Any:
+        """The optimizer's parameters: all of them, or with ``norm_bias_weight_decay`` two groups, the second holding
+        the normalisation layers' parameters and every bias with that weight decay (torchvision's ``set_weight_decay``
+        with ``norm_weight_decay``, biases included as timm does)."""
+        decay = self.hparams.get("norm_bias_weight_decay")
+        if decay is None:
+            return self.parameters()
+        norms = {id(p) for m in self.modules() if isinstance(m, NORM_LAYERS) for p in m.parameters(recurse=False)}
+        named = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
+        exempt = [p for n, p in named if id(p) in norms or n.endswith(".bias")]
+        others = [p for n, p in named if not (id(p) in norms or n.endswith(".bias"))]
+        return [{"params": others}, {"params": exempt, "weight_decay": decay}]
+
     def configure_optimizers(self):
-        optimizer = self.optimizer_factory(self.parameters())
+        optimizer = self.optimizer_factory(self.param_groups())
         self._fp16_safe_eps(optimizer)
         reference = self.hparams.get("lr_reference_batch_size")
         if reference:

@@ -7,12 +7,15 @@ together in one ``torchrun`` job (N processes: one per GPU, or 2 gloo processes 
 need GPUs of their own, ``ddp_mp``, runs in a job of its own, N / devices_per_process processes, and a failed job
 loses only its modes; a one-process mode, ``dp``, runs beside the references on 2+ GPUs); the single-device
 reference then replays each global batch as the concatenation of the ranks' shards, in rank order, built from the
-very ``DistributedSampler`` settings (seed, shuffle, per-rank batch) the job reported. Dropout is switched off in all
+very ``DistributedSampler`` settings (seed, shuffle, per-rank batch, repeated augmentation) the job reported, through
+the DataModule's own batch hooks (GPU decoding, normalising, mixing: what is drawn per device is drawn per shard, as
+each rank drew it), with the global batch as its batch. Dropout is switched off in all
 runs (its random masks cannot match across a different split of the batch). With BatchNorm each rank normalises by
 its own shard's statistics, so the modes are also compared with ``ddp``, the expected behaviour, not only with the
 single device (with ``trainer.sync_batchnorm`` every rank normalises by the global batch: the single device is the
 reference again). The job also checks the collectives (``app.collectives``: send/recv, broadcast, scatter, ...) and the
-sampler's shards.
+sampler's shards. With the weights' moving average (``--ema``), the modes are compared on the average (the weights a
+run ends with) and on the training weights.
 
 Extra command-line arguments after ``--`` go to the config, e.g. ``-- --model.arch resnet18 --data.batch_size 8``.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import hashlib
 import json
 import math
@@ -32,28 +36,31 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from lightning.pytorch import Callback
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
 import app.strategies  # noqa: F401  (registers the app's strategy names)
 from app import cli as app_cli
+from app.callbacks import EMA
 from app.collectives import check_collectives
 from app.launch.group import end_process_group
 from app.strategies.layout import REFERENCE, declared_modes, layout_of, parity_modes
 from app.sync_batchnorm import with_sync_batchnorm
 from core.device import AUTO, auto_precision, on_cuda
+from datamodules.resumable import ResumableSampler, SeededDataset
 from tools.torchrun import run_torchrun_job
 
 _QUIET = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False, "enable_model_summary": False}
 
 
 def build(args: list[str], workdir: Path) -> tuple[Any, Any, Any]:
-    """The config's model (dropout off), datamodule and trainer settings, through the app's own CLI."""
+    """The config's model (dropout off), datamodule and settings, through the app's own CLI."""
     built = app_cli.main([*args, "--trainer.default_root_dir", str(workdir), "--trainer.logger", "false"], run=False)
     for module in built.model.modules():
         if isinstance(module, nn.modules.dropout._DropoutNd):
             module.p = 0.0
-    return built.model, built.datamodule, built.config.trainer
+    return built.model, built.datamodule, built.config
 
 
 def resolved_precision(precision: Any, accelerator: Any) -> Any:
@@ -61,9 +68,21 @@ def resolved_precision(precision: Any, accelerator: Any) -> Any:
     return auto_precision(on_cuda(accelerator)) if precision == AUTO else precision
 
 
-def _trainer(config: Any, steps: int, **kwargs: Any) -> Any:
+class TrainingWeights(Callback):
+    """The weights when training ends, before the moving average is copied into the model (it comes after)."""
+
+    flat: torch.Tensor | None = None
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self.flat = _flat(list(pl_module.parameters()))
+
+
+def _trainer(root: Any, steps: int, **kwargs: Any) -> Any:
     from lightning.pytorch import Trainer
 
+    config = root.trainer
+    ema = EMA(**(root.get("ema") or {}))
+    kwargs["callbacks"] = [TrainingWeights(), *([ema] if ema.enabled else []), *kwargs.get("callbacks", [])]
     plugins = kwargs.pop("plugins", [])  # a precision plugin given here replaces the config's precision
     settings = {
         "max_steps": steps,
@@ -140,6 +159,7 @@ def _sampler_facts(loader: DataLoader) -> dict[str, Any]:
         "seed": sampler.seed,
         "shuffle": sampler.shuffle,
         "batch_size": loader.batch_size,
+        "repeats": getattr(sampler, "repeats", 1),
         "last_epoch_seen": final_epoch,
         "disjoint": sum(len(s) for s in epoch0) == len(set().union(*epoch0)),
         "epochs_differ": all(s[0] != s[1] for s in everyone),
@@ -177,10 +197,14 @@ def _run_scenario(scenario: dict, steps: int, nproc: int, workdir: Path, acceler
     overrides = ["--trainer.devices", str(nproc), "--trainer.strategy", "ddp"]
     model0, datamodule, config = build([*scenario["args"], *overrides], workdir)
     batchnorm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model0.modules())
-    out: dict[str, Any] = {"modes": {}, "batchnorm": batchnorm, "sync_batchnorm": bool(config.sync_batchnorm)}
+    synced = bool(config.trainer.sync_batchnorm)
+    out: dict[str, Any] = {"modes": {}, "batchnorm": batchnorm, "sync_batchnorm": synced}
     steps = scenario.get("steps", steps)
     initial = _flat(list(model0.parameters()))
     for mode in scenario["modes"]:
+        # the previous mode's trainer, model and average sit in reference cycles: the collector's own schedule (it
+        # counts objects, not bytes) let a rank of this job grow past 11 GB
+        gc.collect()
         model = copy.deepcopy(model0)
         extras = _scenario_extras(scenario, accelerator)
         trainer = _trainer(config, steps, accelerator=accelerator, devices=nproc, strategy=mode, **extras)
@@ -189,11 +213,25 @@ def _run_scenario(scenario: dict, steps: int, nproc: int, workdir: Path, acceler
         if "sampler" not in out:
             out["sampler"] = _sampler_facts(trainer.train_dataloader)
         out["modes"][mode] = _facts(trainer, model, initial, workdir / f"{scenario['name']}.{mode}.ckpt")
+        if averaged(trainer):  # how far the average is from the training weights: what its comparison can see
+            average = _flat(list(model.parameters()))
+            out["modes"][mode]["average_vs_training"] = (average - training_weights(trainer)).abs().max().item()
         if any(m._compiled_call_impl is not None for m in model.modules()):  # torch.compile made (or reused) graphs
             out["modes"][mode]["compiled_graphs"] = _compiled_graphs() - graphs
         if dist.get_rank() == 0:
             torch.save(_flat(list(model.parameters())), workdir / f"{scenario['name']}.{mode}.pt")
+            if averaged(trainer):
+                torch.save(training_weights(trainer), workdir / f"{scenario['name']}.{mode}.training.pt")
     return out
+
+
+def averaged(trainer: Any) -> bool:
+    """Whether the run kept a moving average of its weights (and ended with it)."""
+    return any(isinstance(c, EMA) for c in trainer.callbacks)
+
+
+def training_weights(trainer: Any) -> torch.Tensor:
+    return next(c.flat for c in trainer.callbacks if isinstance(c, TrainingWeights))
 
 
 def worker(spec_path: str) -> None:
@@ -223,14 +261,20 @@ def worker(spec_path: str) -> None:
 
 
 class GlobalBatchSampler:
-    """Yields, per step, the concatenation of what each rank's ``DistributedSampler`` gives it, in rank order."""
+    """Yields, per step, the concatenation of what each rank's ``DistributedSampler`` gives it, in rank order; with
+    ``repeats`` the ranks' repeated-augmentation positions; ``keyed``: as ``(position, epoch)`` keys for a
+    :class:`~datamodules.resumable.SeededDataset` (each sample's augmentations are those of its epoch)."""
 
-    def __init__(self, length: int, world: int, batch_size: int, seed: int, shuffle: bool) -> None:
+    def __init__(
+        self, length: int, world: int, batch_size: int, seed: int, shuffle: bool, repeats: int = 1, keyed: bool = False
+    ) -> None:
         self.samplers = [
-            DistributedSampler(range(length), num_replicas=world, rank=r, shuffle=shuffle, seed=seed)
+            ResumableSampler(range(length), num_replicas=world, rank=r, seed=seed, repeats=repeats)
+            if repeats > 1
+            else DistributedSampler(range(length), num_replicas=world, rank=r, shuffle=shuffle, seed=seed)
             for r in range(world)
         ]
-        self.batch_size = batch_size
+        self.batch_size, self.keyed = batch_size, keyed
         self.sampler = self  # Lightning calls ``batch_sampler.sampler.set_epoch(epoch)`` each epoch, as for the ranks
 
     def set_epoch(self, epoch: int) -> None:
@@ -241,28 +285,47 @@ class GlobalBatchSampler:
         return math.ceil(len(self.samplers[0]) / self.batch_size)
 
     def __iter__(self):
-        shards = [list(s) for s in self.samplers]
+        shards, epoch = [list(s) for s in self.samplers], self.samplers[0].epoch
         for start in range(0, len(shards[0]), self.batch_size):
-            yield [i for shard in shards for i in shard[start : start + self.batch_size]]
+            batch = [i for shard in shards for i in shard[start : start + self.batch_size]]
+            yield [(i, epoch) for i in batch] if self.keyed else batch
 
 
 def run_single(
     scenario: dict, facts: dict, world: int, steps: int, workdir: Path, strategy: str = "auto"
-) -> torch.Tensor:
-    """The single-device reference (or ``dp`` over ``world`` GPUs) on the global batches; returns its parameters."""
-    # a scenario's ``reference`` arguments change the reference only (a compiled mode against the eager model)
-    args = [*scenario["args"], *scenario.get("reference", []), "--trainer.devices", "1", "--trainer.strategy", "auto"]
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The single-device reference (or ``dp`` over ``world`` GPUs) on the global batches; returns its parameters, and
+    its training weights when it kept a moving average (None otherwise)."""
+    # a scenario's ``reference`` arguments change the reference only (a compiled mode against the eager model); its
+    # batch is the global batch (what the lr scaling and the average's decay read)
+    accumulate = build_accumulate(scenario)
+    args = [*scenario["args"], *scenario.get("reference", []), "--trainer.devices", "1", "--trainer.strategy", "auto",
+            "--data.global_batch_size", str(world * facts["batch_size"] * accumulate)]  # fmt: skip
     model, datamodule, config = build(args, workdir)
     datamodule.setup("fit")
     loader = datamodule.train_dataloader()
-    batches = GlobalBatchSampler(len(loader.dataset), world, facts["batch_size"], facts["seed"], facts["shuffle"])
+    keyed = isinstance(loader.dataset, SeededDataset)
+    batches = GlobalBatchSampler(
+        len(loader.dataset), world, facts["batch_size"], facts["seed"], facts["shuffle"], facts.get("repeats", 1), keyed
+    )
     loader = DataLoader(loader.dataset, batch_sampler=batches, collate_fn=loader.collate_fn)
-    cuda = torch.cuda.is_available() and config.accelerator != "cpu"
+    cuda = torch.cuda.is_available() and config.trainer.accelerator != "cpu"
     devices = world if layout_of(strategy).one_process else 1
+    if not layout_of(strategy).one_process:  # (dp says itself how it splits a batch over its devices)
+        datamodule.replay_shards = world
     trainer = _trainer(config, steps, accelerator="cuda" if cuda else "cpu", devices=devices, strategy=strategy)
-    # the validation loader only says what the model's validation_step is for: limit_val_batches=0 never runs it
-    trainer.fit(model, train_dataloaders=loader, val_dataloaders=datamodule.val_dataloader())
-    return _flat(list(model.parameters()))
+    # the global batches go through the DataModule's own batch hooks (decoding, normalising, mixing); its validation
+    # loader only says what the model's validation_step is for: limit_val_batches=0 never runs it
+    datamodule.train_dataloader = lambda: loader
+    trainer.fit(model, datamodule=datamodule)
+    return _flat(list(model.parameters())), training_weights(trainer) if averaged(trainer) else None
+
+
+def build_accumulate(scenario: dict) -> int:
+    """The scenario's ``--trainer.accumulate_grad_batches`` (1 when not given)."""
+    args = scenario["args"]
+    at = args.index("--trainer.accumulate_grad_batches") if "--trainer.accumulate_grad_batches" in args else -1
+    return int(args[at + 1]) if at >= 0 else 1
 
 
 def jobs(modes: list[str], nproc: int, gpus: int) -> dict[int, list[str]]:
@@ -346,18 +409,24 @@ def _compare_scenario(
     if not scenario.get("fp16_scaler"):
         for n, sampler in samplers.items():
             references[n] = run_single(scenario, sampler, n, steps, workdir)
+    name = scenario["name"]
     if gpus >= 2 and nproc in references:
         for mode in one_process_modes():
-            params = run_single(scenario, samplers[nproc], nproc, steps, workdir, mode)
-            torch.save(params, workdir / f"{scenario['name']}.{mode}.pt")
+            params, training = run_single(scenario, samplers[nproc], nproc, steps, workdir, mode)
+            torch.save(params, workdir / f"{name}.{mode}.pt")
+            if training is not None:
+                torch.save(training, workdir / f"{name}.{mode}.training.pt")
             out["modes"][mode] = {"ranks_identical": True, "world": nproc}  # one process, nproc GPUs
-    reference = workdir / f"{scenario['name']}.{REFERENCE}.pt"
+    reference = workdir / f"{name}.{REFERENCE}.pt"
     for mode, facts in out["modes"].items():
         if "error" in facts:
             continue
-        params = torch.load(workdir / f"{scenario['name']}.{mode}.pt")
-        single = references.get(facts["world"])
+        params = torch.load(workdir / f"{name}.{mode}.pt")
+        single, single_training = references.get(facts["world"], (None, None))
         facts["max_diff_vs_single"] = None if single is None else (params - single).abs().max().item()
+        trained = workdir / f"{name}.{mode}.training.pt"
+        if single_training is not None and trained.exists():  # the moving average's run: its training weights too
+            facts["training_max_diff_vs_single"] = (torch.load(trained) - single_training).abs().max().item()
         if reference.exists() and out["modes"].get(REFERENCE, {}).get("world") == facts["world"]:
             facts["max_diff_vs_ddp"] = (params - torch.load(reference)).abs().max().item()
 
@@ -384,6 +453,8 @@ def table(results: dict) -> str:
                 continue
             vs_single, vs_ddp = (facts.get(k) for k in ("max_diff_vs_single", "max_diff_vs_ddp"))
             scale = f"  (loss scale {facts['loss_scale']:g})" if "loss_scale" in facts else ""
+            if facts.get("training_max_diff_vs_single") is not None:  # vs single: the average; here its training
+                scale += f"  (moving average; training weights {facts['training_max_diff_vs_single']:.3e})"
             lines.append(
                 f"{mode:<22}{'-' if vs_single is None else f'{vs_single:.3e}':>22}"
                 f"{'-' if vs_ddp is None else f'{vs_ddp:.3e}':>12}  {facts['ranks_identical']}{scale}"

@@ -134,7 +134,7 @@ def in_attempt(attempt: int | None) -> bool:
 class SampleLog(Callback):
     """Appends, per training batch, ``{"epoch", "batch", "samples": [digest of each sample's image and label]}`` to
     ``<folder>/samples_rank<R>.jsonl``: a resumed run appends to what the stopped one wrote. A digest of the pixels
-    names the sample and the augmentation it got (crop, flip)."""
+    names the sample and the augmentation it got (crop, flip; with mixup/cutmix the mixed pixels and labels)."""
 
     def __init__(self, folder: str, pause: float = 0.0) -> None:
         self.folder, self.pause = folder, pause  # pause: seconds each batch takes longer (a slow step)
@@ -142,9 +142,7 @@ class SampleLog(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         images, labels = batch[0], batch[1]
         digests = [
-            hashlib.sha1(images[i].detach().cpu().numpy().tobytes() + bytes(str(int(labels[i])), "ascii")).hexdigest()[
-                :12
-            ]
+            hashlib.sha1(images[i].detach().cpu().numpy().tobytes() + _label_bytes(labels[i])).hexdigest()[:12]
             for i in range(len(labels))
         ]
         line = {"epoch": trainer.current_epoch, "batch": batch_idx, "step": trainer.global_step, "samples": digests}
@@ -153,6 +151,13 @@ class SampleLog(Callback):
         with path.open("a") as f:
             f.write(json.dumps(line) + "\n")
         time.sleep(self.pause)
+
+
+def _label_bytes(label) -> bytes:
+    """A class index as its digits (as before); mixed labels (probabilities, mixup/cutmix) as their bytes."""
+    if label.dim() == 0:
+        return bytes(str(int(label)), "ascii")
+    return label.detach().cpu().numpy().tobytes()
 
 
 def read_samples(folder: Path, rank: int) -> list[dict]:

@@ -4,12 +4,13 @@ ranks' agreements (SIGTERM, requeue, lost rank).
 
 Checkpoint I/O lives in :mod:`app.checkpoint`. :data:`DEFAULTS` are the callbacks every run gets (the CLI's
 ``--callbacks.NAME`` switches, configs/base.yaml); the checkpoint callback is the ``--checkpoint`` group's
-:class:`ModelCheckpoint`.
+:class:`ModelCheckpoint`, the weights' moving average the ``--ema`` group's :class:`EMA` (when a decay is given).
 """
 
 from lightning.pytorch import Callback
 
 from app.callbacks.amp import AMPHealth, NonFiniteLossError
+from app.callbacks.ema import EMA
 from app.callbacks.lost_rank import LostRank, LostRankError
 from app.callbacks.lr_monitor import LearningRateMonitor
 from app.callbacks.model_checkpoint import ModelCheckpoint
@@ -38,6 +39,7 @@ DEFAULTS: dict[str, type[Callback]] = {
 __all__ = [
     "DEFAULTS",
     "AMPHealth",
+    "EMA",
     "LearningRateMonitor",
     "LostRank",
     "LostRankError",

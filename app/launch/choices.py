@@ -1,12 +1,13 @@
 """The plan's lines on how this run computes: the ``auto`` settings of a recipe resolved (:mod:`core.device`), the
 compile cache, float32 matrix multiplications, where the data is decoded and normalised (the DataModule says), and
-what a resume guarantees on CUDA."""
+what a resume guarantees on CUDA; and the recipe's own choices: the weights' average, the weight decay's groups."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from app.callbacks.ema import torchvision_adjusted
 from app.launch.checks import data_class
 from core.config import get
 from core.device import AUTO, auto_precision, describe, flag, on_cuda
@@ -78,4 +79,31 @@ def lines(
     out += data_lines(config, cuda)
     if cuda:
         out.append(resume_line(trainer.get("deterministic")))
+    return out
+
+
+def recipe_lines(config: Any, global_batch: int | None) -> list[str]:
+    """The plan's lines for the weights' moving average (``--ema``) and the weight decay's groups, when they are on."""
+    out = []
+    decay, torchvision = get(config, "ema", "decay"), get(config, "ema", "torchvision_decay")
+    every = get(config, "ema", "update_every_n_steps", default=1)
+    uses = "validation, the best checkpoint and a test after fit use the average; checkpoints hold both (--ema.*)"
+    if torchvision is not None:
+        epochs = get(config, "trainer", "max_epochs", default=1)
+        warmup = get(config, "model", "warmup_epochs", default=0)
+        adjusted = f"{torchvision_adjusted(torchvision, global_batch, every, epochs):.6g} = " if global_batch else ""
+        out.append(
+            f"ema          decay {adjusted}torchvision's {torchvision:g} adjusted to global batch "
+            f"{global_batch or '(known at start)'} x {every} step(s) per update / {epochs} epochs"
+            + (f", restarted at each update of the {warmup:g} warm-up epochs" if warmup else "")
+        )
+        out.append(f"             {uses}")
+    elif decay is not None:
+        out += [f"ema          decay {decay:g} per update, every {every} step(s)", f"             {uses}"]
+    exempt = get(config, "model", "norm_bias_weight_decay")
+    if exempt is not None:
+        given = get(config, "model", "optimizer", "weight_decay", default=0)
+        out.append(
+            f"weight decay {given:g}; {exempt:g} on normalisation layers and biases (model.norm_bias_weight_decay)"
+        )
     return out

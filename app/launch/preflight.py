@@ -81,6 +81,7 @@ def build(
     )
     watched = (plan.launched_world_size or 1) > 1  # the hang watch, and its start-up allowance, watch several ranks
     plan.choices = choices.lines(config, accelerator, root, startup_timeout if watched else None, plan.strategy)
+    plan.choices += choices.recipe_lines(config, plan.batch()[1])
     if plan.checkpoint_minutes:
         plan.checkpoint_background = get(config, "checkpoint", "background") is not False
         local = get(config, "checkpoint", "local_copy")

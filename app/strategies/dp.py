@@ -87,6 +87,12 @@ class DataParallelStrategy(ParallelStrategy):
     strategy_name = "dp"
     runs_compiled_models = False  # its replicas would run the first GPU's weights: compile auto stays off
 
+    @property
+    def batch_splits(self) -> int:
+        """The shards DataParallel splits each batch into (one per GPU; one on the CPU, which has no replicas): what
+        a DataModule draws per device (the batch mixing) it draws per shard, as ddp's ranks do."""
+        return len(self.parallel_devices or []) if self.root_device.type == "cuda" else 1
+
     def _refuse_multi_process(self) -> None:
         # SLURM_STEP_NUM_TASKS is set by srun only: a batch script running plain `python` is one process
         world = max(int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("SLURM_STEP_NUM_TASKS", 1)))

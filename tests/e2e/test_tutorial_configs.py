@@ -1,5 +1,6 @@
 """The classic tutorials as configs: ``configs/tutorial_mnist.yaml`` (the PyTorch distributed tutorial's synchronous
-SGD) and ``configs/imagenet_apex.yaml`` (NVIDIA Apex's ImageNet example), each resolved by the real CLI
+SGD) and ``configs/imagenet_apex.yaml`` (NVIDIA Apex's ImageNet example), and the modern ImageNet recipe
+(``configs/imagenet_modern.yaml``, torchvision's), each resolved by the real CLI
 (``--print_config``, in this process: ``tests/e2e/test_cli_paths.py`` runs it as a command) and run for a few steps
 as a user would (the tutorial on 2 gloo processes)."""
 
@@ -55,6 +56,35 @@ def test_imagenet_apex_resolves_to_the_apex_recipe(capsys):
 
     apex = yaml.safe_load((ROOT / "configs/imagenet_apex.yaml").read_text())
     assert "optimizer" not in apex["model"] and "max_epochs" not in apex["trainer"]  # imagenet.yaml's, not restated
+
+
+def test_imagenet_modern_resolves_to_torchvisions_recipe_and_its_short_variant(capsys):
+    """configs/imagenet_modern.yaml alone: torchvision's ResNet-50 recipe on top of the classic one (which it does not
+    restate); configs/imagenet_modern_short.yaml: the same on A3's schedule (100 epochs, 160 px)."""
+    config = resolved("configs/imagenet_modern.yaml", capsys)
+    trainer, model, data = config["trainer"], config["model"], config["data"]["init_args"]
+    assert (trainer["max_epochs"], model["arch"], model["warmup_epochs"]) == (600, "resnet50", 5.0)
+    sgd = model["optimizer"]["init_args"]
+    assert (sgd["lr"], sgd["momentum"], sgd["weight_decay"], model["lr_reference_batch_size"]) == (0.5, 0.9, 2e-5, 1024)
+    assert model["lr_scheduler"]["class_path"] == "torch.optim.lr_scheduler.CosineAnnealingLR"
+    assert model["lr_scheduler"]["init_args"]["T_max"] == 600
+    assert (model["label_smoothing"], model["norm_bias_weight_decay"]) == (0.1, 0.0)
+    assert config["ema"] | {"decay": None} == {
+        "decay": None, "torchvision_decay": 0.99998, "update_every_n_steps": 32, "update_starting_at_step": None
+    }  # fmt: skip
+    assert (data["batch_size"], data["image_size"], data["eval_image_size"], data["eval_resize_size"]) == (
+        128, 176, 224, 232
+    )  # fmt: skip
+    assert (data["trivial_augment"], data["random_erasing"], data["mixup_alpha"], data["cutmix_alpha"]) == (
+        True, 0.1, 0.2, 1.0
+    )  # fmt: skip
+    assert data["repeated_augmentation"] == 4 and data["decode"] == "auto"  # imagenet.yaml's GPU defaults kept
+    modern = yaml.safe_load((ROOT / "configs/imagenet_modern.yaml").read_text())
+    assert "arch" not in modern["model"] and "precision" not in modern["trainer"]  # imagenet.yaml's, not restated
+    short = resolved("configs/imagenet_modern_short.yaml", capsys)
+    assert (short["trainer"]["max_epochs"], short["model"]["lr_scheduler"]["init_args"]["T_max"]) == (100, 100)
+    assert (short["data"]["init_args"]["image_size"], short["data"]["init_args"]["eval_image_size"]) == (160, 224)
+    assert short["data"]["init_args"]["mixup_alpha"] == 0.2 and short["ema"]["torchvision_decay"] == 0.99998
 
 
 def test_a_recipe_that_stacks_on_a_missing_file_names_it(tmp_path, capsys):

@@ -1,4 +1,5 @@
-"""dp on real GPUs: parity with one device, fit/validate/test/predict, autocast inside the replicas."""
+"""dp on real GPUs: parity with one device (the modern recipe too), fit/validate/test/predict, autocast inside the
+replicas."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from lightning.pytorch import Trainer, seed_everything
 
 from datamodules import MNISTDataModule
 from modules import ImageClassifier
-from tests.conftest import run_if
+from tests.conftest import ROOT, run_if
 from tools.parity import compare
+from tools.photos import build_photo_imagenet
 
 pytestmark = run_if(cuda=2)
 SGD = ["--model.optimizer", "SGD", "--model.optimizer.lr", "0.05", "--model.optimizer.momentum", "0.9"]
@@ -45,6 +47,52 @@ def test_dp_matches_single_device(mnist_dir, tmp_path, no_tf32):
     results = compare([scenario], steps=6, nproc=2, workdir=tmp_path, accelerator="auto")
     facts = results["scenarios"]["plain"]["modes"]["dp"]
     assert facts["max_diff_vs_single"] < 1e-5, facts
+
+
+def test_dp_matches_single_device_with_the_modern_recipe(tmp_path, no_tf32):
+    """The modern ImageNet recipe on the test photos (decoded on the GPU, mixup/cutmix, repeated augmentation, the
+    moving average every step): dp splits each batch over its 2 GPUs and mixes each GPU's share as a ddp rank would,
+    so it ends with the one device's average and training weights. A network without BatchNorm (DataParallel's
+    replicas normalise each share by itself, which no single device reproduces)."""
+    photos = build_photo_imagenet(tmp_path / "photos")
+    scenario = {
+        "name": "modern",
+        "args": [
+            "--config",
+            str(ROOT / "configs" / "imagenet_modern.yaml"),
+            "--data.data_dir",
+            str(photos),
+            "--model.arch",
+            "mnist_cnn",
+            "--data.image_size",
+            "28",
+            "--data.batch_size",
+            "3",
+            "--data.num_workers",
+            "0",
+            "--trainer.precision",
+            "32-true",
+            "--model.compile",
+            "false",
+            "--model.channels_last",
+            "false",
+            "--trainer.limit_train_batches",
+            "3",
+            "--model.warmup_epochs",
+            "1",
+            "--model.optimizer.init_args.lr",
+            "20",
+            "--ema.torchvision_decay",
+            "0.95",
+            "--ema.update_every_n_steps",
+            "1",
+        ],  # fmt: skip
+        "modes": ["ddp"],
+    }
+    results = compare([scenario], steps=6, nproc=2, workdir=tmp_path, accelerator="auto")
+    facts = results["scenarios"]["modern"]["modes"]
+    for mode in ("ddp", "dp"):
+        assert facts[mode]["max_diff_vs_single"] < 1e-5 and facts[mode]["training_max_diff_vs_single"] < 1e-5, facts
 
 
 def test_dp_fit_validate_test_predict_with_autocast_in_every_replica(mnist_dir, tmp_path):

@@ -69,3 +69,17 @@ def test_decoding_a_batch_waits_for_no_step_in_flight(photos):  # noqa: F811
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert images.is_cuda and images.dtype == torch.bfloat16
+
+
+@run_if(cuda=1)
+def test_the_modern_recipes_trivial_augment_and_erasing_run_on_the_gpu_as_drawn_on_the_cpu_path(photos):  # noqa: F811
+    """TrivialAugmentWide and random erasing under GPU decoding: each image's operation and box drawn in the workers
+    as the CPU path draws them, applied to CUDA tensors (tests/unit/test_gpu_decode.py: the same on the CPU backend)."""
+    kwargs = {"trivial_augment": True, "random_erasing": 0.5}
+    gpu_dm, gpu = _batches(photos, "gpu", **kwargs)
+    _, cpu = _batches(photos, "cpu", normalize_on_device=True, **kwargs)
+    assert gpu_dm.decoder == "gpu"
+    for (x_gpu, y_gpu), (x_cpu, y_cpu) in zip(gpu, cpu, strict=True):
+        assert x_gpu.device.type == "cuda" and torch.equal(y_gpu.cpu(), y_cpu.cpu())
+        levels = (x_gpu.float().cpu() - x_cpu.float().cpu()).abs() * 255 * max(STD)
+        assert levels.mean() < 3 and (levels > 16).float().mean() < 0.02, levels.mean()

@@ -292,3 +292,17 @@ def test_figures_are_drawn_from_the_committed_results(tmp_path):
     bf16 = next(r for r in h200["throughput"] if r["config"] == "bf16 channels_last")
     assert f"| 1x NVIDIA H200 | {bf16['img_per_s']:,.0f} | `gpu_2026-12-04_NVIDIA-H200.json` |" in table
     assert "| 2 CPU cores | 5.1 | `mnist_time_to_accuracy.json` |" in table
+
+
+def test_recipe_cost_smoke_measures_each_part_of_the_modern_recipe(tmp_path):
+    from bench import recipe_cost
+
+    result = recipe_cost.main(["--smoke", "--out", str(tmp_path)])
+    rows = result["rows"]
+    assert len(rows) == 5 and all(_finite_positive(row["modern_s"]) for row in rows.values()), rows
+    assert all(
+        _finite_positive(row["classic_s"])
+        for name, row in rows.items()
+        if "mixing" not in name and "average" not in name
+    )
+    assert "Per step of 4 images" in (tmp_path / "recipe_cost_cpu_smoke.md").read_text()

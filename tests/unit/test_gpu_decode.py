@@ -1,6 +1,7 @@
 """``--data.decode gpu`` on the CPU (nvImageCodec's CPU backend runs the same code as on a GPU): the same crops,
-flips, labels and sample order as the CPU path on every rank, bad files decoded on the CPU one by one, ``auto``'s
-choice and its reason, and the batched resize against torch's own."""
+flips, labels and sample order as the CPU path on every rank, the same TrivialAugment operations and erasing boxes,
+bad files decoded on the CPU one by one, ``auto``'s choice and its reason, and the batched resize against torch's
+own."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from datamodules.gpu_decode import FLIP, GEOMETRY, EncodedBatch, resize_batch
+from datamodules.gpu_decode import AUGMENT_OP, ERASE, FLIP, GEOMETRY, EncodedBatch, resize_batch
 from datamodules.imagenet import STD, ImageNetDataModule, UnreadableImageError
 from tests.conftest import ROOT
 from tests.unit.test_imagenet import photos  # noqa: F401  (the real-photo ImageFolder fixture)
@@ -63,6 +64,25 @@ def test_gpu_path_gives_each_rank_the_cpu_paths_crops_flips_labels_and_order(pho
     assert 0 < int(train[:, FLIP].sum()) < len(train) and bool((train[:, GEOMETRY.index("top")] > 0).any())
     unflipped = torch.flip(gpu[0][0], dims=[3])
     assert ((unflipped - cpu[0][0]).abs() * LEVELS).mean() > 10
+
+
+def test_gpu_path_applies_the_cpu_paths_trivial_augment_and_random_erasing(photos, monkeypatch):  # noqa: F811
+    """The modern recipe's per-image augmentations: the workers draw each image's TrivialAugment operation and
+    magnitude and its erasing box as the CPU path draws them; the training process applies them on the device. Both
+    paths give the same images but where an operation turns a one-level difference of the decoders into more
+    (posterize, solarize at their thresholds, a rotation's interpolation): a few pixels in a thousand."""
+    kwargs = {"trivial_augment": True, "random_erasing": 0.5, "normalize_on_device": True}
+    cpu = _batches(photos, "cpu", 0, monkeypatch, workers=0, **kwargs)
+    gpu = _batches(photos, "gpu", 0, monkeypatch, workers=1, **kwargs)
+    geometry = torch.cat([g for g in gpu if isinstance(g, torch.Tensor)])[: 3 * 3]  # the training images
+    gpu = [g for g in gpu if not isinstance(g, torch.Tensor)]
+    assert len({int(op) for op in geometry[:, AUGMENT_OP]}) >= 4 and 0 < int((geometry[:, ERASE][:, 2] > 0).sum()) < 9
+    for (x_cpu, y_cpu), (x_gpu, y_gpu) in zip(cpu, gpu, strict=True):
+        assert torch.equal(y_cpu, y_gpu)
+        difference = (x_gpu - x_cpu).abs() * 255 * max(STD)
+        assert difference.mean() < 0.5 and (difference > 3).float().mean() < 1e-2, difference.mean()
+    unaugmented = _batches(photos, "cpu", 0, monkeypatch, workers=0, normalize_on_device=True)
+    assert ((unaugmented[0][0] - cpu[0][0]).abs() * LEVELS).mean() > 10  # not vacuous: the augmentations show
 
 
 def _image_bytes(image: Image.Image, fmt: str) -> bytes:

@@ -318,3 +318,28 @@ def test_the_imagenet_recipe_states_its_gpu_defaults_and_what_a_cuda_resume_guar
     # a value given stays as given, and says so
     given = build(config_of(*imagenet, "--trainer.accelerator", "gpu", "--model.compile", "false"), launch=detect({}))
     assert "compile      off (model.compile)" in given.render()
+
+
+def test_the_modern_recipe_states_its_average_mixing_sampler_and_weight_decay(config_of):
+    """configs/imagenet_modern.yaml on 8 GPUs: 128 per device = the reference's global batch 1024 and lr 0.5, the
+    average's decay as torchvision adjusts it (1 - 2e-5 x 1024 x 32 / 600), where each augmentation runs; the classic
+    recipe states none of these lines."""
+    modern = ("--config", str(ROOT / "configs" / "imagenet_modern.yaml"), "--trainer.devices", "8")
+    text = build(config_of(*modern, "--trainer.accelerator", "gpu"), launch=detect({})).render()
+    for line in (
+        "batch        128 per device, global 1024", "lr           0.5 = 0.5 per 1024 images x global batch 1024",
+        "ema          decay 0.998908 = torchvision's 0.99998 adjusted to global batch 1024 x 32 step(s) per update / "
+        "600 epochs, restarted at each update of the 5 warm-up epochs",
+        "validation, the best checkpoint and a test after fit use the average",
+        "augment      TrivialAugmentWide, random erasing 0.1 per image: drawn in the loader workers (per sample), "
+        "applied on the device after decoding, image by image (data.decode gpu)",
+        "mixing       mixup 0.2 or cutmix 1 per batch, on the device, each device's share of the batch mixed within "
+        "itself", "sampler      repeated augmentation x4",
+        "evaluate     resize 232, centre crop 224; training crops 176",
+        "weight decay 2e-05; 0 on normalisation layers and biases",
+    ):  # fmt: skip
+        assert line in text, (line, text)
+    cpu = build(config_of(*modern, "--trainer.accelerator", "cpu", "--data.decode", "cpu"), launch=detect({}))
+    assert "drawn in the loader workers (per sample), applied there" in cpu.render()
+    classic = build(config_of("--config", str(ROOT / "configs" / "imagenet.yaml")), launch=detect({})).render()
+    assert not [k for k in ("ema ", "mixing", "sampler", "augment", "evaluate", "weight decay") if f"  {k}" in classic]

@@ -1,0 +1,113 @@
+"""An exponential moving average of the weights: Lightning's ``EMAWeightAveraging`` with torchvision's recipe rules.
+
+Lightning's callback keeps the average (parameters and buffers, on the training device), swaps it in for every
+validation (so ``val/acc1``, and with it the "best" checkpoint, are the average's), copies it into the model when
+the fit ends (so a test after fit tests it), and saves it in every checkpoint as ``state_dict`` with the training
+weights beside it (``current_model_state``) and its own state (``averaging_state``): a resume restores both, and
+``cli.py test --ckpt_path`` or ``--model.weights`` read the average.
+
+What this subclass adds, each a few lines:
+
+- ``torchvision_decay``: torchvision's reference recipe gives a decay per image-epoch (``--model-ema-decay 0.99998``,
+  updated every 32 steps) and adjusts it to the run, ``1 - (1 - decay) x global batch x steps between updates /
+  epochs``, so that the average spans the same share of any run (0.99891 at a global batch of 1024 over 600 epochs);
+  during the model's warm-up epochs the average restarts at each update, as there;
+- evaluating or testing a checkpoint outside ``fit`` (``--test_after_fit`` included) uses its ``state_dict``, the
+  average, without Lightning's warning (Lightning's would load the training weights back when the same callback has
+  just finished a fit);
+- the averaged copy lives on the training device from the start (Lightning's copies the module while it is still
+  on the host);
+- the average goes into the model when the fit ends, not when training ends: a ``last.ckpt`` saved as training ends
+  (by the checkpoint callback, which runs after this one) keeps the training weights beside the average.
+
+It is the first callback of a run (``app.cli.default_callbacks``): the average includes a step before any callback
+saves a checkpoint at that step's end, so a run stopped there and resumed averages the same steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import EMAWeightAveraging
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_info
+from torch.optim.swa_utils import get_ema_avg_fn
+
+
+def torchvision_adjusted(decay: float, global_batch: int, every: int, epochs: int) -> float:
+    """torchvision's reference: the EMA decay per update for a run of this global batch and length."""
+    return 1.0 - min(1.0, (1.0 - decay) * global_batch * every / max(epochs, 1))
+
+
+class EMA(EMAWeightAveraging):
+    """Lightning's ``EMAWeightAveraging``, configured by the ``--ema`` group (``--ema.decay 0.999``, or the modern
+    recipe's ``--ema.torchvision_decay 0.99998 --ema.update_every_n_steps 32``); off unless one decay is given.
+
+    Args:
+        decay: the decay per update, as Lightning's.
+        torchvision_decay: torchvision's ``--model-ema-decay``, adjusted to the run at its start
+            (:func:`torchvision_adjusted`); during the model's ``warmup_epochs`` the average restarts at each update.
+        update_every_n_steps: optimizer steps between updates.
+        update_starting_at_step: no update before this optimizer step (Lightning's).
+    """
+
+    def __init__(
+        self,
+        decay: float | None = None,
+        torchvision_decay: float | None = None,
+        update_every_n_steps: int = 1,
+        update_starting_at_step: int | None = None,
+    ) -> None:
+        super().__init__(
+            decay=decay or 0.999,
+            update_every_n_steps=update_every_n_steps,
+            update_starting_at_step=update_starting_at_step,
+        )
+        self.decay, self.torchvision_decay = decay, torchvision_decay
+        self.effective_decay: float | None = decay
+        self._warmup_epochs = 0.0
+
+    @property
+    def enabled(self) -> bool:
+        """Whether a decay was given: the CLI adds the callback only then."""
+        return self.decay is not None or self.torchvision_decay is not None
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        if self.torchvision_decay is not None:
+            global_batch = getattr(trainer.datamodule, "global_batch_size", None) or trainer.world_size
+            epochs = max(trainer.max_epochs or 1, 1)
+            self.effective_decay = torchvision_adjusted(
+                self.torchvision_decay, int(global_batch), self.update_every_n_steps, epochs
+            )
+            self._warmup_epochs = float(pl_module.hparams.get("warmup_epochs") or 0.0)
+            rank_zero_info(
+                f"ema: decay {self.effective_decay:.6g} per update every {self.update_every_n_steps} step(s) = "
+                f"torchvision's {self.torchvision_decay:g} adjusted to global batch {global_batch} over {epochs} "
+                f"epochs{'; restarted at each update of the warm-up epochs' if self._warmup_epochs else ''}"
+            )
+        self._kwargs["avg_fn"] = get_ema_avg_fn(decay=self.effective_decay)
+        self._device = self._device or trainer.strategy.root_device
+        super().setup(trainer, pl_module, stage)
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
+        updated = self._latest_update_step
+        super().on_train_batch_end(trainer, pl_module, *args)
+        warming_up = trainer.current_epoch < self._warmup_epochs
+        if warming_up and self._latest_update_step != updated and self._average_model is not None:
+            self._average_model.n_averaged.zero_()  # the next update copies the weights (torchvision's reset)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Not yet: a checkpoint saved as training ends (``last.ckpt`` when that step had none) must still hold the
+        training weights beside the average; the average goes into the model when the fit ends."""
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._average_model is not None:
+            self._copy_average_to_current(pl_module)
+
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        if trainer.state.fn == TrainerFn.FITTING:
+            super().on_load_checkpoint(trainer, pl_module, checkpoint)
+        # validate/test/predict: the model evaluates the checkpoint's state_dict, which is the average

@@ -2,9 +2,9 @@
 (:class:`RankEpochLoss`) and the final summary; the random generator states of checkpoints (:class:`RNGState`); the
 ranks' agreements (SIGTERM, requeue, lost rank).
 
-Checkpoint I/O lives in :mod:`app.checkpoint`. :data:`DEFAULTS` are the callbacks every run gets (the CLI's
-``--callbacks.NAME`` switches, configs/base.yaml); the checkpoint callback is the ``--checkpoint`` group's
-:class:`ModelCheckpoint`.
+Checkpoints are :mod:`app.checkpoint`'s; when the run saves is the ``--checkpoint`` group's :class:`ModelCheckpoint`
+(:mod:`app.callbacks.save_schedule`). :data:`DEFAULTS` are the callbacks every run gets (the CLI's
+``--callbacks.NAME`` switches, configs/base.yaml).
 """
 
 from lightning.pytorch import Callback
@@ -12,10 +12,10 @@ from lightning.pytorch import Callback
 from app.callbacks.amp import AMPHealth, NonFiniteLossError
 from app.callbacks.lost_rank import LostRank, LostRankError
 from app.callbacks.lr_monitor import LearningRateMonitor
-from app.callbacks.model_checkpoint import ModelCheckpoint
+from app.callbacks.preemption import SLURMRequeue
 from app.callbacks.rank_loss import RankEpochLoss
-from app.callbacks.requeue import SLURMRequeue
 from app.callbacks.rng import RNGState
+from app.callbacks.save_schedule import ModelCheckpoint
 from app.callbacks.sigterm import SIGTERMCheckpoint
 from app.callbacks.stop_at_accuracy import StopAtAccuracy
 from app.callbacks.stragglers import Stragglers

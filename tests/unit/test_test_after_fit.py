@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import main
+from app.command import main
 from tests.conftest import short_fit
 
 

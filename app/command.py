@@ -232,7 +232,7 @@ class CLI(LightningCLI):
         restarts = config.launch.max_restarts if self.subcommand == "fit" else 0
         self.plan = preflight(
             config, timeout=config.launch.timeout, hang_timeout=hang, resume=self.decision, max_restarts=restarts,
-            startup_timeout=startup,
+            startup_timeout=startup, launch=launch,
         )  # fmt: skip
         if port := self.port.hold(self.plan):  # the ranks Lightning starts meet there; no other job can take it
             rank_zero_info(f"rendezvous: port {port} of this host, held for this run until it ends")

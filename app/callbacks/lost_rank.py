@@ -195,6 +195,8 @@ def watch_the_start_up() -> None:
 
 
 def _died_starting(observer) -> None:
+    # process-wide, as the patch of Lightning's observer class is: one start-up report per process (its flag is the
+    # class's, under the module's lock)
     with _REPORTING:
         reported, LostRank._starting_reported = getattr(LostRank, "_starting_reported", False), True
     if reported:

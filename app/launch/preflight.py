@@ -117,10 +117,11 @@ def preflight(
     resume: Resume | None = None,
     max_restarts: int = 0,
     startup_timeout: float | None = None,
+    launch: Launch | None = None,
 ) -> Plan:
     """Builds and checks the plan; rank 0 prints it. Every rank exits with the fix when the plan has problems."""
     plan = build(
-        config, timeout=timeout, hang_timeout=hang_timeout, resume=resume, max_restarts=max_restarts,
+        config, launch=launch, timeout=timeout, hang_timeout=hang_timeout, resume=resume, max_restarts=max_restarts,
         startup_timeout=startup_timeout,
     )  # fmt: skip
     if plan.num_nodes != int(config.trainer.get("num_nodes") or 1):  # elastic torchrun: the Trainer's too

@@ -19,9 +19,6 @@ import yaml
 from core.env import Launch
 
 KEY = "run_identity"  # the checkpoint's top-level key of the record
-# Checkpoints saved before the record existed kept it as the state of the CLI's config callback, under that callback's
-# state key at the time: a format of files on disk, read (never written) so that such a run still resumes as itself.
-LEGACY_STATE_KEY = "TrackingConfigCallback"
 JOBS = ("torchrun_job", "slurm_job")  # the record's job ids, as hparams.yaml's env names them too
 
 
@@ -47,10 +44,13 @@ class RunIdentity:
     def of(cls, checkpoint: dict | None) -> RunIdentity:
         """The record saved in ``checkpoint`` (an empty one when it has none)."""
         state = checkpoint or {}
+        names = {f.name for f in dataclasses.fields(cls)}
         saved = state.get(KEY)
         if saved is None:
-            saved = (state.get("callbacks") or {}).get(LEGACY_STATE_KEY)
-        names = {f.name for f in dataclasses.fields(cls)}
+            # saved before the record existed: the state of the config callback of the time (whatever its class was
+            # called), the one callback state made of the record's fields only; read, never written
+            states = (state.get("callbacks") or {}).values()
+            saved = next((s for s in states if isinstance(s, dict) and s and s.keys() <= names), None)
         return cls(**{k: v for k, v in dict(saved or {}).items() if k in names})
 
     def as_dict(self) -> dict[str, Any]:

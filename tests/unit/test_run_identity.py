@@ -57,7 +57,8 @@ def test_a_checkpoint_saved_before_the_record_still_names_its_job(tmp_path):
     """Checkpoints saved by earlier versions kept the identity as their config callback's state: still read."""
     last = tmp_path / "version_0" / "checkpoints" / "last.ckpt"
     last.parent.mkdir(parents=True)
-    torch.save({"callbacks": {"TrackingConfigCallback": {"torchrun_job": "job-a", "wandb_id": "w0"}}}, last)
+    old = {"TrackingConfigCallback": {"torchrun_job": "job-a", "wandb_id": "w0"}, "RNGState": {"ranks": []}}
+    torch.save({"callbacks": old}, last)
     env = {"TORCHELASTIC_RUN_ID": "job-a", "TORCHELASTIC_RESTART_COUNT": "1", "WORLD_SIZE": "2"}
     decision = Checkpoints(tmp_path).decide(None, "fit", detect(env))
     assert (decision.path, decision.source) == (last, From.TORCHRUN)

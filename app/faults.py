@@ -1,11 +1,14 @@
-"""A fault inside one rank, said in one line instead of a traceback: a DataLoader worker that died.
+"""Faults: failures of a job that are no mistake in its configuration (a rank or a loader worker lost, ranks that
+never met), which a launcher with restarts left heals (:class:`Fault`); and one of them said in one line instead of a
+traceback: a DataLoader worker that died.
 
 torch raises ``RuntimeError: DataLoader worker (pid(s) N) exited unexpectedly`` (or ``... is killed by signal:
 Killed.`` when its SIGCHLD handler sees the death first) from deep inside the training loop, and Python prints 20 lines
 of traceback that do not say why a worker dies. The usual reason is the kernel's out-of-memory killer (SIGKILL): each
 worker holds its own copy of what the dataset touches, and its prefetched batches. :func:`loader_worker_died` turns it
-into one line naming the rank, the worker's pid, how it ended and what to do; the rank then exits 1, so a launcher
-with restarts left (torchrun, ``--launch.max_restarts``) restarts the group, which resumes from its last checkpoint.
+into one line naming the rank, the worker's pid, how it ended and what to do (:class:`LoaderWorkerLost`); the rank then
+exits 1, so a launcher with restarts left (torchrun, ``--launch.max_restarts``) restarts the group, which resumes from
+its last checkpoint.
 """
 
 from __future__ import annotations
@@ -18,15 +21,27 @@ from types import TracebackType
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
 from core.env import node_name
-from core.errors import with_link
+from core.errors import UserError
+
+
+class Fault(UserError):
+    """A failure of the job itself, not of its configuration: after its line, a SLURM job with requeues left goes back
+    in the queue (:class:`app.launch.requeue.Requeue`, called by the command's error channel)."""
+
+
+class LoaderWorkerLost(Fault):
+    """A DataLoader worker of this rank died."""
+
+    help = "loader-worker-lost"
+
 
 _DIED = re.compile(
     r"DataLoader worker \(pids?(?:\(s\))? ([\d, ]+)\) (?:exited unexpectedly|is killed by signal: (.+?)\.?$)"
 )
 
 
-def loader_worker_died(err: BaseException) -> str | None:
-    """The one line for ``err`` when it is torch's report of a DataLoader worker that died, else None.
+def loader_worker_died(err: BaseException) -> LoaderWorkerLost | None:
+    """The error for ``err`` when it is torch's report of a DataLoader worker that died, else None.
 
     Its death can also reach the loader before torch's own check, found then by the worker's exit code: as an
     ``EOFError`` of the result queue (one worker: it held the queue's only writing end), or as a
@@ -60,11 +75,9 @@ def loader_worker_died(err: BaseException) -> str | None:
         )
     where = ", ".join(str(p) for p in pids)
     rank = rank_zero_only.rank if hasattr(rank_zero_only, "rank") else 0
-    return with_link(
-        f"error: rank {rank} (host {node_name()}): its DataLoader worker (pid {where}) {how}; {cause}. The "
-        "last checkpoint is intact (resume with --ckpt_path last; under torchrun or --launch.max_restarts the job "
-        "restarts by itself).",
-        "loader-worker-lost",
+    return LoaderWorkerLost(
+        f"rank {rank} (host {node_name()}): its DataLoader worker (pid {where}) {how}; {cause}. The last checkpoint "
+        "is intact (resume with --ckpt_path last; under torchrun or --launch.max_restarts the job restarts by itself)."
     )
 
 

@@ -6,9 +6,10 @@
   to ``wandb sync`` later), never prompts, and creates its run on global rank 0 only (Lightning's
   ``rank_zero_experiment``), so a job is one W&B run whatever the strategy and world size.
 - :class:`TrackingConfigCallback` (the CLI's config callback) logs the resolved config and the environment as
-  hyperparameters and records the loggers' identity (TensorBoard version, W&B run id) in every checkpoint;
-  :func:`prepare_loggers` reads it back before a resumed or SLURM-requeued job builds its loggers, so the job
-  continues the same W&B run and TensorBoard version instead of starting new ones.
+  hyperparameters and saves the run identity (:class:`app.checkpoint.RunIdentity`: TensorBoard version, W&B run id,
+  job, configuration) in every checkpoint; :func:`prepare_loggers` reads it from the resume decision before a resumed
+  or SLURM-requeued job builds its loggers, so the job continues the same W&B run and TensorBoard version instead of
+  starting new ones.
 """
 
 from __future__ import annotations
@@ -17,11 +18,8 @@ import importlib
 import importlib.util
 import inspect
 import netrc
-import os
-import pickle
 import platform
 import re
-import sys
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -34,9 +32,13 @@ from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_info
 
-from app import run_dir
-from app.checkpoint import load_on_cpu
-from core.errors import with_link
+from app.checkpoint import Resume, RunIdentity
+from app.checkpoint.identity import jobs_of
+from app.checkpoint.manager import root as run_folder_of
+from app.checkpoint.manager import version_of
+from core import env
+from core.env import detect
+from core.errors import UserError
 
 SECRET_KEY = re.compile(r"(api[_-]?key|token|secret|password|credential)", re.IGNORECASE)
 INSTALL_HINT = (
@@ -53,15 +55,16 @@ class TensorBoardLogger(loggers.TensorBoardLogger):
         super().__init__(save_dir=save_dir or ".", name=name, **kwargs)
 
 
-def wandb_login_found() -> bool:
+def wandb_login_found(settings: env.Wandb | None = None) -> bool:
     """True when wandb would find credentials: ``WANDB_API_KEY``, an identity token file, or a netrc entry
     for the W&B host (what ``wandb login`` writes). Read here, not through wandb's private auth module,
     whose location changes between wandb releases."""
-    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+    settings = settings or env.wandb()
+    if settings.has_key:
         return True
-    host = urlsplit(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").netloc
+    host = urlsplit(settings.base_url or "https://api.wandb.ai").netloc
     home = Path.home()
-    path = os.environ.get("NETRC") or next((str(p) for p in (home / ".netrc", home / "_netrc") if p.is_file()), None)
+    path = settings.netrc or next((str(p) for p in (home / ".netrc", home / "_netrc") if p.is_file()), None)
     try:
         found = netrc.netrc(path).authenticators(host) if path else None
     except (OSError, netrc.NetrcParseError):
@@ -73,10 +76,10 @@ def wandb_mode(offline: bool | None) -> tuple[str, str]:
     """The W&B mode to run in and why: the config's ``offline`` wins, then ``WANDB_MODE``, then credentials."""
     if offline is not None:
         return ("offline", "offline: true in the logger config") if offline else ("online", "offline: false")
-    env = os.environ.get("WANDB_MODE", "").strip().lower()
-    if env:
-        return ("offline" if env == "dryrun" else env), f"WANDB_MODE={env}"
-    if not wandb_login_found():
+    settings = env.wandb()
+    if settings.mode:
+        return ("offline" if settings.mode == "dryrun" else settings.mode), f"WANDB_MODE={settings.mode}"
+    if not wandb_login_found(settings):
         return "offline", "no W&B API key or login found"
     return "online", "credentials found"
 
@@ -133,7 +136,7 @@ class WandbLogger(loggers.WandbLogger):
             name=name,
             save_dir=save_dir or ".",
             id=id,
-            project=project or os.environ.get("WANDB_PROJECT") or "dptrain",
+            project=project or env.wandb().project or "dptrain",
             log_model=log_model,
             checkpoint_name=checkpoint_name,
             prefix=prefix,
@@ -194,8 +197,7 @@ def environment(trainer: Trainer) -> dict[str, Any]:
         "accelerator": type(trainer.accelerator).__name__,
         "device_names": names,
         "cluster_environment": type(cluster).__name__ if cluster is not None else None,
-        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-        "torchrun_job": os.environ.get("TORCHELASTIC_RUN_ID"),  # a restart with nothing saved continues this run
+        **jobs_of(detect()),  # a restart with nothing saved continues this run (app.checkpoint.identity.started_by)
         "torch": str(torch.__version__),  # a TorchVersion would be written as a Python object tag
         "lightning": lightning.__version__,
         "cuda": torch.version.cuda,
@@ -212,17 +214,18 @@ class TrackingConfigCallback(SaveConfigCallback):
     """Lightning's config callback (``config.yaml`` in the run folder), plus two things trackers need.
 
     On rank 0 at setup it logs the resolved config and :func:`environment` as hyperparameters to every logger
-    (credentials redacted). Its checkpoint state is the run's identity (TensorBoard version folder, W&B run id),
-    read back by :func:`prepare_loggers` when a job resumes from that checkpoint, and the run's configuration (as
-    YAML, credentials redacted), which :class:`app.resume.ChangedSettings` compares with a resumed run's.
+    (credentials redacted). Into every checkpoint it writes the run identity (:class:`app.checkpoint.RunIdentity`:
+    TensorBoard version folder, W&B run id, the job, the configuration as YAML with credentials redacted), under the
+    record's own key, whatever this class is called: :func:`prepare_loggers` continues the loggers from it, and
+    :class:`app.settings.ChangedSettings` compares a resumed run's configuration with it.
     """
 
-    _trainer: Trainer | None = None
     _config_text: str | None = None
+    _jobs: dict[str, str | None] | None = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._trainer = trainer
         self._config_text = config_text(self.parser, self.config)
+        self._jobs = jobs_of(detect())  # what a restarted worker group and a requeued job look for
         super().setup(trainer, pl_module, stage)
 
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -231,32 +234,15 @@ class TrackingConfigCallback(SaveConfigCallback):
         for logger in trainer.loggers:
             logger.log_hyperparams(params)
 
-    def state_dict(self) -> dict[str, Any]:
-        identity: dict[str, Any] = {}
-        for logger in self._trainer.loggers if self._trainer else []:
-            if isinstance(logger, loggers.TensorBoardLogger) and "tensorboard_version" not in identity:
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        found: dict[str, Any] = {}
+        for logger in trainer.loggers:
+            if isinstance(logger, loggers.TensorBoardLogger) and "tensorboard_version" not in found:
                 version = logger.version
-                identity["tensorboard_version"] = version if isinstance(version, str) else f"version_{version}"
-            elif isinstance(logger, loggers.WandbLogger) and "wandb_id" not in identity and logger.version:
-                identity["wandb_id"] = logger.version
-        if run_id := os.environ.get("TORCHELASTIC_RUN_ID"):  # what a restarted worker group looks for
-            identity["torchrun_job"] = run_id
-        if job := os.environ.get("SLURM_JOB_ID"):  # what a requeued job looks for
-            identity["slurm_job"] = job
-        if self._config_text is not None:
-            identity["config"] = self._config_text
-        return identity
-
-
-def read_identity(checkpoint: Path) -> dict[str, Any]:
-    """The run identity :class:`TrackingConfigCallback` stored in ``checkpoint`` (empty when there is none)."""
-    # mmap: the tensors are not read. weights_only=True: SLURM's hpc_ckpt is found here before any other check, and
-    # a file with pickled objects must not run code; the Trainer's load then refuses it with the opt-out named.
-    try:
-        state = load_on_cpu(checkpoint)
-    except pickle.UnpicklingError:
-        return {}
-    return dict(state.get("callbacks", {}).get(TrackingConfigCallback.__qualname__, {}))
+                found["tensorboard_version"] = version if isinstance(version, str) else f"version_{version}"
+            elif isinstance(logger, loggers.WandbLogger) and "wandb_id" not in found and logger.version:
+                found["wandb_id"] = logger.version
+        RunIdentity(**found, **(self._jobs or {}), config=self._config_text).save_in(checkpoint)
 
 
 def logger_configs(config: Any) -> list:
@@ -308,7 +294,7 @@ def _init_parameters(class_path: str) -> dict[str, inspect.Parameter]:
 
 def write_to_run_dir(config: Any) -> None:
     """A logger configured without ``save_dir`` writes into ``trainer.default_root_dir``: one folder to set."""
-    root = str(run_dir.root(config.trainer.default_root_dir))
+    root = str(run_folder_of(config.trainer.default_root_dir))
     for logger in logger_configs(config):
         if "save_dir" in logger.init_args and logger.init_args.save_dir in (None, RUN_DIR):
             logger.init_args.save_dir = root
@@ -317,64 +303,65 @@ def write_to_run_dir(config: Any) -> None:
 def continue_run_of(config: Any, last: Path) -> None:
     """The loggers continue the version of the run ``last`` (``version_N/checkpoints/last.ckpt``) belongs to, so a
     resumed run keeps writing to the same TensorBoard version and run folder."""
-    version = run_dir.version_of(last)
+    version = version_of(last)
     for logger in logger_configs(config):
         if "version" in logger.init_args and version is not None:  # a last.ckpt of no version: a new version
             logger.init_args.version = version
 
 
-def prepare_loggers(
-    config, subcommand: str | None, resume_from: Path | None = None, run_folder: Path | None = None
-) -> None:
+def prepare_loggers(config, subcommand: str | None, resume: Resume | None = None) -> None:
     """Fills in logger settings the CLI knows before the loggers exist (called by the CLI on every rank).
 
     - Choosing the W&B logger without ``wandb`` installed stops here with the install command.
     - A multi-node job gets a W&B ``group`` (``slurm-<job id>`` / ``torchrun-<run id>``) unless one is set.
-    - ``fit`` resuming from a checkpoint of this run folder (``resume_from``: :func:`app.resume.decide`'s file)
-      continues the checkpoint's TensorBoard version and W&B run id. A checkpoint from another folder starts new
-      ones (fine-tuning someone else's weights is a new run). A restart with nothing saved yet continues the
-      TensorBoard version its job started (``run_folder``).
+    - ``fit`` resuming from a checkpoint of this run folder (``resume``: the resume decision) continues the
+      checkpoint's TensorBoard version and W&B run id. A checkpoint from another folder starts new ones (fine-tuning
+      someone else's weights is a new run). A restart with nothing saved yet continues the TensorBoard version its
+      job started (``resume.run_folder``).
     """
     configured = logger_configs(config)
     wandb_cfgs = [lg for lg in configured if lg.class_path.rsplit(".", 1)[-1] == "WandbLogger"]
     tb_cfgs = [lg for lg in configured if lg.class_path.rsplit(".", 1)[-1] == "TensorBoardLogger"]
     if wandb_cfgs and importlib.util.find_spec("wandb") is None:
         # here, not only in WandbLogger: jsonargparse would bury the logger's message in a "Union subtypes" error
-        sys.exit(with_link(f"error: {INSTALL_HINT}", "wandb-missing"))
+        raise UserError(INSTALL_HINT, help="wandb-missing")
     _group_the_nodes(int(config.trainer.get("num_nodes") or 1), wandb_cfgs)
-    if subcommand == "fit" and resume_from is not None:
-        _continue_the_checkpoints_run(config, resume_from, tb_cfgs, wandb_cfgs)
-    elif subcommand == "fit" and run_folder is not None:  # a restart before any save: the folder its job started
+    if subcommand != "fit" or resume is None:
+        return
+    if resume.path is not None:
+        _continue_the_checkpoints_run(config, resume, tb_cfgs, wandb_cfgs)
+    elif resume.run_folder is not None:  # a restart before any save: the folder its job started
         for lg in tb_cfgs:
             if lg.init_args.get("version") is None:
-                lg.init_args.version = run_folder.name
+                lg.init_args.version = resume.run_folder.name
 
 
 def _group_the_nodes(nodes: int, wandb_cfgs: list) -> None:
     """A multi-node job's W&B runs share a group (``slurm-<job id>`` / ``torchrun-<run id>``) unless one is set."""
-    if nodes <= 1 or os.environ.get("WANDB_RUN_GROUP"):
+    if nodes <= 1 or env.wandb().run_group:
         return
-    job = os.environ.get("SLURM_JOB_ID")
-    run = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    launch = detect()
+    job, run = launch.slurm_job, launch.torchrun_job or "none"
     group = f"slurm-{job}" if job else (f"torchrun-{run}" if run != "none" else f"{nodes}-nodes")
     for lg in wandb_cfgs:
         if not lg.init_args.get("group"):
             lg.init_args.group = group
 
 
-def _continue_the_checkpoints_run(config: Any, checkpoint: Path, tb_cfgs: list, wandb_cfgs: list) -> None:
+def _continue_the_checkpoints_run(config: Any, resume: Resume, tb_cfgs: list, wandb_cfgs: list) -> None:
     """A fit resuming from a checkpoint of this run folder continues its TensorBoard version and W&B run id."""
-    root = run_dir.root(config.trainer.get("default_root_dir")).resolve()
+    checkpoint = resume.path
+    root = run_folder_of(config.trainer.get("default_root_dir")).resolve()
     if not checkpoint.is_file() or root not in checkpoint.resolve().parents:
         return
-    identity = read_identity(checkpoint)
+    record = resume.identity
     for lg in tb_cfgs:
-        if lg.init_args.get("version") is None and identity.get("tensorboard_version"):
-            lg.init_args.version = identity["tensorboard_version"]
+        if lg.init_args.get("version") is None and record.tensorboard_version:
+            lg.init_args.version = record.tensorboard_version
     for lg in wandb_cfgs:
-        if not lg.init_args.get("id") and identity.get("wandb_id"):
-            lg.init_args.id = identity["wandb_id"]
-    identity.pop("config", None)
+        if not lg.init_args.get("id") and record.wandb_id:
+            lg.init_args.id = record.wandb_id
+    identity = {k: v for k, v in record.as_dict().items() if k != "config"}
     if identity:
         names = {"tensorboard_version": "TensorBoard", "wandb_id": "W&B run", "torchrun_job": "torchrun job",
                  "slurm_job": "SLURM job"}  # fmt: skip

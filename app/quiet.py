@@ -1,7 +1,7 @@
 """Framework messages that tell a user of this app nothing they can act on, silenced by their exact text.
 
 Each entry is narrow (one message, one origin) so that anything else Lightning or torch says still reaches the
-user. Installed by :func:`app.cli.main` (and so by every tool built on it), never at import.
+user. Installed by :func:`app.command.main` (and so by every tool built on it), never at import.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Lightning's ``sync_batchnorm`` converts BatchNorm layers to ``torch.nn.SyncBatchNorm``, which refuses CPU tensors
 (and DDP refuses it in a CPU module). :class:`SyncBatchNormPlugin` is the ``LayerSync`` the app gives the Trainer
 instead: on a CPU run it converts to :class:`CPUSyncBatchNorm`, on a GPU run to torch's ``SyncBatchNorm`` as
-Lightning does. ``app.cli`` adds it whenever ``trainer.sync_batchnorm`` is true (:func:`with_sync_batchnorm`).
+Lightning does. ``app.command`` adds it whenever ``trainer.sync_batchnorm`` is true (:func:`with_sync_batchnorm`).
 """
 
 from __future__ import annotations

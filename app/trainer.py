@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT
-from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch import Trainer as LightningTrainer
 
 from app.checkpoint import DiskFullError
+from app.lightning_private import PATH, PRECISION_INPUT, dump_checkpoint
 from core.device import AUTO, auto_precision, on_cuda
 
 
@@ -18,28 +17,28 @@ class Trainer(LightningTrainer):
     Only rank 0 writes a checkpoint, while the others wait at the barrier that follows. When rank 0's save finds
     the disk full, Lightning's version would end rank 0 with a traceback, and the waiting ranks would then see a
     peer that vanished (and report rank 0 as lost). Here rank 0 joins the barrier anyway and tells every rank
-    (one small broadcast per save), so each stops with the same :class:`DiskFullError` line. A save written in the
-    background (:class:`app.checkpoint.BackgroundSaves`) reports its failure at the next save, or at
-    :meth:`wait_for_saves` at the end of ``fit``.
+    (one small broadcast per save), so each stops with the same :class:`DiskFullError` (its line printed by the
+    command's error channel on every rank). A save written in the background (:class:`app.checkpoint.BackgroundSaves`)
+    reports its failure at the next save, or at :meth:`wait_for_saves` at the end of ``fit``.
 
     It also takes ``precision: auto`` (the ImageNet recipes' setting): ``bf16-mixed`` when the run is on a CUDA GPU
     with bf16, else ``32-true`` (:func:`core.device.auto_precision`; the plan says which).
     """
 
-    def __init__(self, *args: Any, precision: _PRECISION_INPUT | Literal["auto"] | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, precision: PRECISION_INPUT | Literal["auto"] | None = None, **kwargs: Any) -> None:
         """Lightning's arguments; ``precision`` also ``auto``."""
         if precision == AUTO:
             precision = auto_precision(on_cuda(kwargs.get("accelerator", AUTO)))  # type: ignore[assignment]
         super().__init__(*args, precision=precision, **kwargs)
 
     def save_checkpoint(
-        self, filepath: _PATH, weights_only: bool | None = None, storage_options: Any | None = None
+        self, filepath: PATH, weights_only: bool | None = None, storage_options: Any | None = None
     ) -> None:
         if self.model is None:  # Lightning's own check, which the body below replaces
             return super().save_checkpoint(filepath, weights_only, storage_options)
         # Lightning's Trainer.save_checkpoint, with the failure of rank 0's save shared after the barrier
         with self.profiler.profile("save_checkpoint"):
-            checkpoint = self._checkpoint_connector.dump_checkpoint(weights_only)
+            checkpoint = dump_checkpoint(self, weights_only)
             self._together("Trainer.save_checkpoint", self.strategy.save_checkpoint, checkpoint, filepath,
                            storage_options=storage_options)  # fmt: skip
 
@@ -55,7 +54,7 @@ class Trainer(LightningTrainer):
         try:
             action(*args, **kwargs)
         except DiskFullError as err:
-            failure = str(err.code)
+            failure = str(err)
         self.strategy.barrier(name)
         failure = self.strategy.broadcast(failure, src=0)
         if failure:

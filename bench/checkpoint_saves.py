@@ -71,15 +71,15 @@ def drop_cache(path: Path) -> None:
 
 def read(path: Path) -> None:
     """What a restart reads: the SHA-256 check of the resume's decision, then the whole checkpoint."""
-    from app import checkpoint
+    from app.checkpoint.reading import Reader
 
-    checkpoint._CHECKED.clear()  # a new process: nothing checked yet
-    assert checkpoint.checksum_problem(path) is None
+    assert Reader().intact(path)  # a new process's reader: nothing checked yet
     torch.load(path, map_location="cpu", weights_only=True)
 
 
 def measure(arch: str, folder: Path) -> dict[str, Any]:
-    from app.checkpoint import AtomicCheckpointIO, BackgroundSaves, copy_locally, local_folder, remove_local_copies
+    from app.checkpoint import AtomicCheckpointIO, BackgroundSaves
+    from app.checkpoint.local_copy import LocalCopies, local_folder, remove_local_copies
 
     state = state_of(arch)
     run, disk_local = folder / arch / "run", folder / arch / "node-disk"
@@ -107,12 +107,14 @@ def measure(arch: str, folder: Path) -> dict[str, Any]:
         row[f"{key[:-2]}_share"] = row[key] / INTERVAL_S
     os.environ.pop("SLURM_TMPDIR", None)
     os.environ.pop("TMPDIR", None)  # /dev/shm
-    row["local_shm_s"] = median(lambda: copy_locally(path))
+    shm = LocalCopies()  # the node's storage read now: /dev/shm
+    row["local_shm_s"] = median(lambda: shm.copy(path))
     shm_copy = local_folder(path.parent) / path.name
     assert str(shm_copy).startswith("/dev/shm/")
     disk_local.mkdir(parents=True)
     os.environ["TMPDIR"] = str(disk_local)
-    row["local_disk_s"] = median(lambda: copy_locally(path))
+    disk = LocalCopies()  # $TMPDIR
+    row["local_disk_s"] = median(lambda: disk.copy(path))
     os.environ.pop("TMPDIR")
 
     def cold() -> None:

@@ -176,7 +176,7 @@ def _alarm(_signum: int, _frame: Any) -> None:
 def _cli_saving_nothing() -> type:
     """The app's CLI with its ModelCheckpoint saving nothing: each resnet18 checkpoint is ~94 MB written with fsync,
     twice per fit. (``--trainer.enable_checkpointing false`` is refused while the config lists a ModelCheckpoint.)"""
-    from app.cli import CLI
+    from app.command import CLI
 
     class SavingNothing(CLI):
         def before_fit(self) -> None:
@@ -190,7 +190,7 @@ def run_group(spec_path: str) -> None:
     """One process running several fits in turn (imports paid once), each time-boxed with SIGALRM; each item's row
     is appended to ``spec["results"]`` as soon as it ends (and the call's markdown rebuilt when it is the call's
     file), so a process killed part-way loses only what was left. Only items with ``checkpoints`` save any."""
-    from app.cli import main
+    from app.command import main
 
     spec = json.loads(Path(spec_path).read_text())
     signal.signal(signal.SIGALRM, _alarm)
@@ -354,7 +354,7 @@ def _subprocess_step(name: str, command: list[str], timeout: float, env: dict | 
 NOSYNC = """
 import sys, torch
 from lightning.pytorch import Callback
-from app.cli import main
+from app.command import main
 from core.logging_steps import is_logging_step
 
 CUDA = torch.cuda.is_available()  # (GPU_CHECK_CPU=1: the same run without the guard, for the wiring)

@@ -150,7 +150,7 @@ def clock(device: str, warmup: int) -> Any:
 def one_fit(name: str, root: Path, z: dict[str, Any], extra: list[str], device: str) -> dict[str, Any]:
     """One fit of the recipe through the app's CLI (checkpoints off), timed; its row."""
     from app.callbacks import Throughput
-    from app.cli import main
+    from app.command import main
     from bench.gpu_check import _cli_saving_nothing
 
     warmup = int(z["warmup"])

@@ -2,7 +2,7 @@
 
 ``python -m bench.mnist_recipe`` (about 10 minutes on 2 CPU cores) trains each candidate, a change of
 ``configs/mnist.yaml`` given as command-line arguments, once per seed (``--seed_everything``), through the app's own
-CLI in this process (``app.cli.main``: the same run as ``python cli.py fit``, imports and the first run's one-off
+CLI in this process (``app.command.main``: the same run as ``python cli.py fit``, imports and the first run's one-off
 costs paid once, in an untimed run before the others), and records its
 training wall time (``fit``, validation and checkpoints included), its validation accuracy and, after the choice is
 made, its test accuracy (``--test_after_fit last``). The rule: the fastest candidate whose mean validation accuracy is
@@ -35,7 +35,7 @@ QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summa
 
 
 def one(args: list[str], seed: int) -> dict[str, float]:
-    from app.cli import main
+    from app.command import main
 
     with tempfile.TemporaryDirectory(prefix="recipe-") as root:
         start = time.perf_counter()
@@ -76,8 +76,8 @@ def markdown(result: dict[str, Any]) -> str:
         "# The default MNIST recipe: candidates judged on the validation split",
         "",
         f"Machine: {machine_line(result['machine'])}. Command: `python -m bench.mnist_recipe`: each candidate once per "
-        f"seed ({', '.join(map(str, result['seeds']))}) through `app.cli.main` in one process (imports and the first "
-        "run's one-off costs paid once, in an untimed run before the others), "
+        f"seed ({', '.join(map(str, result['seeds']))}) through `app.command.main` in one process (imports and the "
+        "first run's one-off costs paid once, in an untimed run before the others), "
         "followed by the test set on its last checkpoint. Rule: the fastest candidate whose mean validation accuracy "
         f"(5k held-out training images) is at least {TARGET:.1%}; test accuracy is reported, never used to choose.",
         "",

@@ -7,7 +7,7 @@ One command, both runs in one process on the same machine, data and thread count
     .venv/bin/python -m bench.mnist_time_to_accuracy --smoke   # code-path check: 1 epoch of 5 batches per run
 
 (a) ``app``: ``configs/mnist.yaml`` exactly as ``python cli.py fit`` runs it (only ``default_root_dir`` points into a
-scratch folder), built by the app's own CLI (``app.cli.main(run=False)``) and trained with ``trainer.fit``.
+scratch folder), built by the app's own CLI (``app.command.main(run=False)``) and trained with ``trainer.fit``.
 (b) ``pytorch_example``: the recipe of pytorch/examples ``mnist/main.py`` as a plain PyTorch loop: the same network
 (``mnist_cnn``), Normalize((0.1307,), (0.3081,)), Adadelta lr 1.0, StepLR(step_size=1, gamma=0.7), batch 64 shuffled
 over the 60k training images, test batch 1000; it stops at the epoch that reaches the target (or at ``--max-epochs``).
@@ -96,7 +96,7 @@ class TestSetClock:
 
 def run_app(data_dir: Path, accelerator: str, extra: list[str]) -> dict[str, Any]:
     """The default config, built by the app's CLI and trained with ``trainer.fit``; test set after every epoch."""
-    from app.cli import main
+    from app.command import main
 
     with tempfile.TemporaryDirectory(prefix="bench-mnist-app-") as root:
         args = ["--trainer.default_root_dir", root, "--data.data_dir", str(data_dir)]

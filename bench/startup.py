@@ -48,7 +48,7 @@ def probe(spawned: float, root: str) -> None:
     marks = {"interpreter start": time.time()}
     from lightning.pytorch import Callback
 
-    from app.cli import main
+    from app.command import main
 
     marks["imports (app.cli)"] = time.time()
 

@@ -81,3 +81,8 @@ def resolve_batch(
 def linear_scaled_lr(lr: float, global_batch: int, reference_batch: int | None) -> float:
     """The linear scaling rule (Goyal et al. 2017): ``lr`` is per ``reference_batch`` images; None: unscaled."""
     return lr * global_batch / reference_batch if reference_batch else lr
+
+
+def torchvision_adjusted(decay: float, global_batch: int, every: int, epochs: int) -> float:
+    """torchvision's reference: the EMA decay per update for a run of this global batch and length."""
+    return 1.0 - min(1.0, (1.0 - decay) * global_batch * every / max(epochs, 1))

@@ -1,4 +1,10 @@
-"""Which launcher started this process, and the layout it promises: one helper reads torchrun's and SLURM's variables.
+"""Which launcher started this process, and the layout it promises: the one reader of the environment.
+
+Every variable that torchrun, SLURM, the elastic agent, Lightning or the app itself sets, and the few a user sets for
+the app (W&B's, ``DPTRAIN_DOCS_URL``), is read here into a frozen record (:class:`Launch`, :class:`Wandb`); the rest of
+the app is handed the record and never reads ``os.environ`` itself. A record is read when it is needed
+(:func:`detect`): some variables appear only later in a run (Lightning exports ``MASTER_ADDR``/``MASTER_PORT`` when it
+forms the process group), so the hang watch reads its record when its thread starts, not at the command's start.
 
 ``python -m torch.distributed.launch`` (deprecated, in every old tutorial) runs torchrun's agent, sets the same
 variables and adds ``--local-rank=K`` to the script's arguments: :func:`split_local_rank` takes the flag out before
@@ -21,12 +27,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 # what torch.distributed.launch passes (torch >= 2.0: --local-rank=K; before: --local_rank=K); also "--local_rank K"
 LOCAL_RANK_FLAG = re.compile(r"--local[-_]rank(?:=(\d+))?$")
+REQUEUE_BY = "DPTRAIN_REQUEUE_BY"  # set to "script" by the batch script of tools.slurm submit (tools/sbatch.py)
 LAUNCHER_NAMES = {"none": "none (Lightning starts the local processes)", "torchrun": "torchrun", "slurm": "SLURM"}
 
 
@@ -50,6 +57,20 @@ class Launch:
         restart_count: SLURM requeues, or torchrun restarts of the worker group so far (``TORCHELASTIC_RESTART_COUNT``).
         max_restarts: torchrun's ``--max-restarts`` (``TORCHELASTIC_MAX_RESTARTS``); 0 elsewhere.
         node_range: torchrun's ``--nnodes MIN:MAX`` when MIN < MAX (elastic), else None.
+        master_addr: ``MASTER_ADDR`` (the launcher's, or Lightning's once it formed the process group).
+        master_port: ``MASTER_PORT``, likewise.
+        agent_store: torchrun's agent serves its store to the workers (``TORCHELASTIC_USE_AGENT_STORE=True``).
+        step_tasks: the processes ``srun`` started for this step (``SLURM_STEP_NUM_TASKS``); None outside ``srun``.
+        world_size_var: ``WORLD_SIZE`` as set (torchrun's, or Lightning's for the processes its launcher starts),
+            whatever the launcher; None when unset.
+        slurm_job: ``SLURM_JOB_ID`` (also outside a SLURM launch: an ``salloc`` shell): what a requeued job's
+            checkpoints are recognised by.
+        torchrun_job: ``TORCHELASTIC_RUN_ID``: what a restarted worker group's checkpoints are recognised by.
+        requeue_by_script: the batch script of ``python -m tools.slurm submit`` requeues the job after a fault
+            (``DPTRAIN_REQUEUE_BY=script``), so the app leaves it to it.
+        node_storage: the node's own storage the scheduler names (``$SLURM_TMPDIR``, ``$TMPDIR``), in that order.
+        cuda_visible_devices: ``CUDA_VISIBLE_DEVICES`` as set (for messages), None when unset.
+        slurm_node: this node's name as SLURM knows it (``SLURMD_NODENAME``), None outside a SLURM step.
         env: the variables the layout was read from (for messages).
     """
 
@@ -68,6 +89,17 @@ class Launch:
     legacy_launch: str | None = None
     max_restarts: int = 0
     node_range: tuple[int, int] | None = None
+    master_addr: str | None = None
+    master_port: str | None = None
+    agent_store: bool = False
+    step_tasks: int | None = None
+    world_size_var: int | None = None
+    slurm_job: str | None = None
+    torchrun_job: str | None = None
+    requeue_by_script: bool = False
+    node_storage: tuple[str, ...] = ()
+    cuda_visible_devices: str | None = None
+    slurm_node: str | None = None
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @property
@@ -165,6 +197,20 @@ def detect(
     default :func:`parent_command`).
     """
     env = dict(os.environ if environ is None else environ)
+    common = {  # the same whichever launcher started the job
+        "master_addr": env.get("MASTER_ADDR"),
+        "master_port": env.get("MASTER_PORT"),
+        "agent_store": env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
+        "step_tasks": _int(env.get("SLURM_STEP_NUM_TASKS")),
+        "world_size_var": _int(env.get("WORLD_SIZE")),
+        "slurm_job": env.get("SLURM_JOB_ID") or None,
+        "torchrun_job": env.get("TORCHELASTIC_RUN_ID") or None,
+        "requeue_by_script": env.get(REQUEUE_BY) == "script",
+        "node_storage": tuple(v for v in (env.get("SLURM_TMPDIR"), env.get("TMPDIR")) if v),
+        "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES"),
+        "slurm_node": env.get("SLURMD_NODENAME") or None,
+        "env": env,
+    }
     if "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive"):
         ntasks = _int(env.get("SLURM_NTASKS"))
         per_node = _int(env.get("SLURM_NTASKS_PER_NODE"))
@@ -184,7 +230,7 @@ def detect(
             job_id=env.get("SLURM_ARRAY_JOB_ID") or env.get("SLURM_JOB_ID"),
             restart_count=_int(env.get("SLURM_RESTART_COUNT")) or 0,
             cpus_per_task=_int(env.get("SLURM_CPUS_PER_TASK")),
-            env=env,
+            **common,
         )
     if "TORCHELASTIC_RUN_ID" in env:
         world = _int(env.get("WORLD_SIZE"))
@@ -205,10 +251,10 @@ def detect(
             restart_count=_int(env.get("TORCHELASTIC_RESTART_COUNT")) or 0,
             max_restarts=_int(env.get("TORCHELASTIC_MAX_RESTARTS")) or 0,
             node_range=torchrun_node_range() if environ is None else None,
-            env=env,
+            **common,
         )
     # plain `python cli.py` on each node (Lightning's own launcher): NODE_RANK says which node this is
-    return Launch(node_rank=_int(env.get("NODE_RANK")) or 0, hosts=(socket.gethostname(),), env=env)
+    return Launch(node_rank=_int(env.get("NODE_RANK")) or 0, hosts=(socket.gethostname(),), **common)
 
 
 def torchrun_node_range(agent_pid: int | None = None) -> tuple[int, int] | None:
@@ -238,8 +284,8 @@ def torchrun_node_range(agent_pid: int | None = None) -> tuple[int, int] | None:
 
 def main_address(launch: Launch) -> str | None:
     """The rendezvous host the ranks will connect to: ``MASTER_ADDR``, else (SLURM) the first node of the job."""
-    if "MASTER_ADDR" in launch.env:
-        return launch.env["MASTER_ADDR"]
+    if launch.master_addr is not None:
+        return launch.master_addr
     if launch.launcher == "slurm" and launch.hosts:
         return launch.hosts[0]
     return None
@@ -314,3 +360,65 @@ def compile_cache(folder: str | Path) -> Path:
 def set_default(name: str, value: str) -> str:
     """Sets ``name`` in this process's environment unless the user did; returns the value in effect."""
     return os.environ.setdefault(name, value)
+
+
+@dataclass(frozen=True)
+class Wandb:
+    """What W&B's own variables say (``WANDB_*``; wandb reads them again itself, this is for the app's decisions).
+
+    Attributes:
+        has_key: ``WANDB_API_KEY`` or ``WANDB_IDENTITY_TOKEN_FILE`` is set.
+        base_url: ``WANDB_BASE_URL`` (the server), None when unset.
+        netrc: ``NETRC`` (where ``wandb login`` wrote the key), None when unset.
+        mode: ``WANDB_MODE`` in lower case, empty when unset.
+        project: ``WANDB_PROJECT``, None when unset.
+        run_group: ``WANDB_RUN_GROUP``, None when unset.
+    """
+
+    has_key: bool = False
+    base_url: str | None = None
+    netrc: str | None = None
+    mode: str = ""
+    project: str | None = None
+    run_group: str | None = None
+
+
+def wandb(environ: Mapping[str, str] | None = None) -> Wandb:
+    """Reads W&B's variables from ``environ`` (default ``os.environ``)."""
+    env = os.environ if environ is None else environ
+    return Wandb(
+        has_key=bool(env.get("WANDB_API_KEY") or env.get("WANDB_IDENTITY_TOKEN_FILE")),
+        base_url=env.get("WANDB_BASE_URL") or None,
+        netrc=env.get("NETRC") or None,
+        mode=env.get("WANDB_MODE", "").strip().lower(),
+        project=env.get("WANDB_PROJECT") or None,
+        run_group=env.get("WANDB_RUN_GROUP") or None,
+    )
+
+
+def global_seed() -> int | None:
+    """The seed ``seed_everything`` exported for the processes it starts (``PL_GLOBAL_SEED``), None when unset."""
+    value = os.environ.get("PL_GLOBAL_SEED")
+    return int(value) if value else None
+
+
+def docs_url() -> str:
+    """Where the error lines link to: ``DPTRAIN_DOCS_URL`` (a docs site's troubleshooting page), else the page in
+    this repository."""
+    return os.environ.get("DPTRAIN_DOCS_URL", "docs/troubleshooting.md")
+
+
+def export_unset(values: Mapping[str, str], environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
+    """Sets each of ``values`` in ``environ`` (default ``os.environ``) that is not set there already (a user's own
+    value wins), for what reads it later: torch and NCCL when the process group forms, the processes Lightning's
+    launcher starts (they inherit the environment). Returns the variables set."""
+    environ = os.environ if environ is None else environ
+    made = {k: v for k, v in values.items() if k not in environ}
+    environ.update(made)
+    return made
+
+
+def slurm_task() -> tuple[int, int]:
+    """This task's index and the step's task count under ``srun`` (``SLURM_PROCID``, ``SLURM_NTASKS``); (0, 1)
+    elsewhere: for tools that split their work over the tasks of a step."""
+    return _int(os.environ.get("SLURM_PROCID")) or 0, _int(os.environ.get("SLURM_NTASKS")) or 1

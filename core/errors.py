@@ -1,21 +1,24 @@
 """User mistakes become one short ``error: ...`` line naming the cause and the fix, and a non-zero exit status
 without a traceback; bugs keep their traceback.
 
-Raise :class:`UserError` (or a subclass: the datamodules' and the zoo's errors are) where a mistake is detected;
-:func:`app.cli.main` prints it and exits 1, or 2 (argparse's status) for a command line or config that does not
-parse. Parser errors are reworded here because jsonargparse's are long (the whole usage text, the union's
-subtypes) and never suggest the option the user meant.
+Raise :class:`UserError` (or a subclass: the datamodules', the zoo's, the checkpoints' and the launch's errors are)
+where a mistake is detected, with the anchor of its section of docs/troubleshooting.md; :func:`report` is the one place
+its line is printed (by :func:`app.command.main`, which then exits 1, or 2 (argparse's status) for a command line or
+config that does not parse; by a watchdog thread that must end its process itself). Parser errors are reworded here
+because jsonargparse's are long (the whole usage text, the union's subtypes) and never suggest the option the user
+meant.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import difflib
 import os
 import re
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
+
+from core.env import docs_url
 
 
 class UserError(Exception):
@@ -23,16 +26,24 @@ class UserError(Exception):
 
     ``help`` is the anchor of its section of docs/troubleshooting.md, given where the mistake is found
     (``UserError(message, help="mnist-missing")``); a subclass may set a default for all of its errors. The printed
-    line ends with the link to that section (:func:`with_link`).
+    line ends with the link to that section (:func:`with_link`). ``said_as`` is the word the line starts with:
+    ``error``, or what heals it for a failure a launcher with restarts left takes over (``torchrun``).
     """
 
     exit_code = 1
     help: str | None = None
+    said_as = "error"
 
     def __init__(self, message: str = "", help: str | None = None) -> None:
         super().__init__(message)
         if help is not None:
             self.help = help
+
+
+class InvalidValue(UserError, ValueError):
+    """A configured value outside what its class accepts (a ``ValueError`` too, for code that builds the class)."""
+
+    help = "invalid-value"
 
 
 class UsageError(UserError):
@@ -136,7 +147,7 @@ def _options_of_a_name(key: str, short: str, option: str, value: str) -> str:
 # e.g. https://example.org/dptrain/troubleshooting/ . The anchors are the headings' slugs (lower case, spaces -> "-"),
 # the same on GitHub and in mkdocs; each is given where its error is raised, and tests/unit/test_troubleshooting_docs.py
 # checks that every anchor the code gives has its section and every section is an anchor the code gives.
-DOCS_URL = os.environ.get("DPTRAIN_DOCS_URL", "docs/troubleshooting.md")
+DOCS_URL = docs_url()
 
 
 def with_link(line: str, help: str | None) -> str:
@@ -168,15 +179,12 @@ def say(text: str) -> None:
         data = data[os.write(fd, data) :]
 
 
-@contextlib.contextmanager
-def exit_line_in_one_write() -> Iterator[None]:
-    """A ``SystemExit`` that carries its message (``error: ...``) ends the process as Python would (the message on
-    stderr, status 1), but written with :func:`say`. For the command only: ``app.cli.main`` itself keeps raising it
-    with the message, which is what in-process callers (the tests) read."""
-    try:
-        yield
-    except SystemExit as err:
-        if not isinstance(err.code, str):
-            raise
-        say(err.code)
-        raise SystemExit(1) from None
+def error_line(err: UserError) -> str:
+    """What the user reads for ``err``: ``error: <cause and fix>``, the link to its section at the end of the first
+    line (the details a message lists below it follow)."""
+    return with_link(f"{err.said_as}: {one_line(err)}", err.help)
+
+
+def report(err: UserError) -> None:
+    """The one place a user error is printed: its :func:`error_line` on this rank's stderr, in one write."""
+    say(error_line(err))

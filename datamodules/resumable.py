@@ -28,7 +28,6 @@ before, restarting the epoch's permutation, with one warning line.
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import time
@@ -40,6 +39,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, get_worker_info
 
+from core.env import global_seed
 from core.errors import UserError
 
 
@@ -119,7 +119,7 @@ class ResumableSampler(DistributedSampler):
     def __init__(
         self, dataset: Dataset, num_replicas: int = 1, rank: int = 0, seed: int | None = None, repeats: int = 1
     ) -> None:
-        seed = int(os.environ.get("PL_GLOBAL_SEED", 0)) if seed is None else seed
+        seed = (global_seed() or 0) if seed is None else seed
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
         if repeats < 1:
             raise ValueError(f"repeated augmentation needs 1 or more repeats, got {repeats}")

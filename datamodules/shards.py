@@ -51,6 +51,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 
+from core.env import slurm_task
 from core.errors import UserError
 from datamodules.base import available_cpus
 from datamodules.decode import Decoder, UnreadableImageError, _Skipped, decode, decode_for
@@ -333,9 +334,10 @@ def main(argv: list[str] | None = None) -> int:
     conv.add_argument("--seed", type=int, default=0, help="seed of the shuffled order (0)")
     conv.add_argument("--workers", type=int, default=available_cpus(), help="processes (the CPUs this job may use)")
     # SLURM's own variables: srun starts one task per shard subset
-    conv.add_argument("--task-index", type=int, default=int(os.environ.get("SLURM_PROCID", 0)),
+    task, tasks = slurm_task()
+    conv.add_argument("--task-index", type=int, default=task,
                       help="converts the shards whose number %% num-tasks is this ($SLURM_PROCID, 0)")  # fmt: skip
-    conv.add_argument("--num-tasks", type=int, default=int(os.environ.get("SLURM_NTASKS", 1)),
+    conv.add_argument("--num-tasks", type=int, default=tasks,
                       help="tasks sharing the conversion ($SLURM_NTASKS, 1)")  # fmt: skip
     conv.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)

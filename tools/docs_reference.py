@@ -1,7 +1,7 @@
 """The options reference of the docs site, rendered from the CLI's own parser when the site is built.
 
 ``tools/docs_hooks.py`` replaces the line ``<!-- cli-options -->`` of ``docs/reference/cli.md`` with
-:func:`markdown`: every option of ``python cli.py fit --help`` (the parser :func:`app.cli.main` builds, with
+:func:`markdown`: every option of ``python cli.py fit --help`` (the parser :func:`app.command.main` builds, with
 ``configs/base.yaml`` and the default recipe loaded, so the defaults are the ones a run starts from), grouped as the
 parser groups them, one entry per option (flags, type, default, help), then the ``init_args`` of each data module.
 A flag that is added or renamed in the code is in the next build; nothing here is typed by hand.
@@ -17,7 +17,7 @@ from typing import Any
 
 from jsonargparse import ArgumentParser
 
-from app.cli import CLI, main
+from app.command import CLI, main
 
 DATA_MODULES = ("datamodules.MNISTDataModule", "datamodules.ImageNetDataModule")
 _SUPPRESS = argparse.SUPPRESS
@@ -40,7 +40,7 @@ def fit_parser() -> ArgumentParser:
     with contextlib.suppress(_Parsed):
         main(["fit"], cli_class=_ParserOnly)
     parser = _ParserOnly.parser_built
-    assert parser is not None, "app.cli.main built no parser"
+    assert parser is not None, "app.command.main built no parser"
     return parser._subcommands_action._name_parser_map["fit"]
 
 

@@ -41,7 +41,7 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
 import app.strategies  # noqa: F401  (registers the app's strategy names)
-from app import cli as app_cli
+from app import command as app_cli
 from app.callbacks import EMA
 from app.collectives import check_collectives
 from app.launch.group import end_process_group
@@ -94,7 +94,7 @@ def _trainer(root: Any, steps: int, **kwargs: Any) -> Any:
         "gradient_clip_val": config.gradient_clip_val,
         **({} if plugins else {"precision": resolved_precision(config.precision, kwargs.get("accelerator"))}),
         "sync_batchnorm": config.sync_batchnorm,
-        "plugins": with_sync_batchnorm(plugins) if config.sync_batchnorm else plugins or None,  # as app.cli does
+        "plugins": with_sync_batchnorm(plugins) if config.sync_batchnorm else plugins or None,  # as app.command does
         **_QUIET,
     }
     return Trainer(**settings, **kwargs)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Repeats a set of distributed tests on 2 pytest workers N times (default 20) and counts the runs that failed and the
 # lines that say a rendezvous port was taken (EADDRINUSE, "address already in use"). Two workers start jobs at the same
-# moment, so their ports would collide here if the app did not hold them (app/launch/rendezvous.py hold_port).
+# moment, so their ports would collide here if the app did not hold them (app/launch/rendezvous.py HeldPort).
 # Usage: bash tools/port_soak.sh [N] [TEST ...] (default: the tests that form process groups through Lightning's
 # launcher, the CLI or torchrun: about 2 minutes a run on 2 CPU cores). Logs: $SOAK_DIR.
 set -u

@@ -52,7 +52,7 @@ def imagenet_args(root: Path, photos: str, workers: int, recipe: str = "imagenet
 
 
 def fit(root: Path, data: list[str], extra: list[str], batches: int = 6):
-    from app.cli import main
+    from app.command import main
 
     return main([
         "fit", *data, "--trainer.default_root_dir", str(root), "--seed_everything", "7", "--trainer.max_epochs", "2",

@@ -92,9 +92,9 @@ class Job:
     def _requeue_on_failure(self, srun: str) -> list[str]:
         """``--launch.max_restarts K``: a failed step (a rank that died or that the hang watch found stuck, a killed
         DataLoader worker, a lost node) requeues the job while fewer than K requeues were made, and the requeued
-        attempt resumes its newest checkpoint (:mod:`app.resume`). SLURM's own ``scontrol requeue``, decided by this
-        script: with ``--kill-on-bad-exit`` the step's other ranks are gone by then, and a requeue made already (a
-        preemption's, by Lightning) is not made twice."""
+        attempt resumes its newest checkpoint (:class:`app.checkpoint.Checkpoints`). SLURM's own ``scontrol
+        requeue``, decided by this script: with ``--kill-on-bad-exit`` the step's other ranks are gone by then, and a
+        requeue made already (a preemption's, by Lightning) is not made twice."""
         k = self.max_restarts
         return [
             f"# --launch.max_restarts {k}: a failed step requeues the job (scontrol requeue) while fewer than {k} "

@@ -15,8 +15,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from app.cli import CLI
-from app.cli import main as cli_main
+from app.command import CLI
+from app.command import main as cli_main
 from app.launch.preflight import build
 from core.env import Launch
 from core.errors import with_link

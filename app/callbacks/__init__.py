@@ -2,9 +2,9 @@
 (:class:`RankEpochLoss`) and the final summary; the random generator states of checkpoints (:class:`RNGState`); the
 ranks' agreements (SIGTERM, requeue, lost rank).
 
-Checkpoint I/O lives in :mod:`app.checkpoint`. :data:`DEFAULTS` are the callbacks every run gets (the CLI's
-``--callbacks.NAME`` switches, configs/base.yaml); the checkpoint callback is the ``--checkpoint`` group's
-:class:`ModelCheckpoint`, the weights' moving average the ``--ema`` group's :class:`EMA` (when a decay is given).
+Checkpoints are :mod:`app.checkpoint`'s; when the run saves is the ``--checkpoint`` group's :class:`ModelCheckpoint`
+(:mod:`app.callbacks.save_schedule`), the weights' moving average the ``--ema`` group's :class:`EMA` (when a decay is
+given). :data:`DEFAULTS` are the callbacks every run gets (the CLI's ``--callbacks.NAME`` switches, configs/base.yaml).
 """
 
 from lightning.pytorch import Callback
@@ -13,10 +13,10 @@ from app.callbacks.amp import AMPHealth, NonFiniteLossError
 from app.callbacks.ema import EMA
 from app.callbacks.lost_rank import LostRank, LostRankError
 from app.callbacks.lr_monitor import LearningRateMonitor
-from app.callbacks.model_checkpoint import ModelCheckpoint
+from app.callbacks.preemption import SLURMRequeue
 from app.callbacks.rank_loss import RankEpochLoss
-from app.callbacks.requeue import SLURMRequeue
 from app.callbacks.rng import RNGState
+from app.callbacks.save_schedule import ModelCheckpoint
 from app.callbacks.sigterm import SIGTERMCheckpoint
 from app.callbacks.stop_at_accuracy import StopAtAccuracy
 from app.callbacks.stragglers import Stragglers

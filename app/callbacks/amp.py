@@ -15,7 +15,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 
-from core.errors import UserError
+from core.errors import InvalidValue, UserError
 from core.logging_steps import is_logging_step
 
 
@@ -56,7 +56,10 @@ class AMPHealth(Callback):
 
     def __init__(self, max_nonfinite_steps: int | None = 3, message_interval_steps: int = 100) -> None:
         if max_nonfinite_steps is not None and max_nonfinite_steps < 1:
-            raise ValueError(f"AMPHealth.max_nonfinite_steps must be >= 1 or null (off), got {max_nonfinite_steps}")
+            raise InvalidValue(
+                f"AMPHealth.max_nonfinite_steps must be >= 1 or null (off), got {max_nonfinite_steps}. Fix: e.g. 3 "
+                "(the default)."
+            )
         self.max_nonfinite_steps = max_nonfinite_steps
         self.message_interval_steps = message_interval_steps
         self.skipped_steps = 0

@@ -23,6 +23,9 @@ import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from app.collectives import gloo_side_group
+from app.lightning_private import ddp_kwargs, logged_keys, strategy_timeout
+from core.env import export_unset
+from core.errors import UserError
 from core.logging_steps import is_logging_step
 
 DEBUG_HANG_TIMEOUT = 120.0  # seconds: the hang watch's timeout under --launch.debug (unless set lower)
@@ -40,13 +43,13 @@ def debug_env(folder: Path) -> dict[str, str]:
     }
 
 
-def apply_debug(folder: Path, environ: Any = os.environ) -> dict[str, str]:
-    """Sets :func:`debug_env` before the process group exists; returns the variables set.
+def apply_debug(folder: Path, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Sets :func:`debug_env` before the process group exists (in ``environ``, default the process's environment);
+    returns the variables set.
 
     ``TORCH_CPP_LOG_LEVEL`` is read only when a process starts, so it reaches the ranks Lightning's launcher starts
     after this, not rank 0, nor the ranks of a torchrun or srun job: export it for them before the launch."""
-    made = {k: v for k, v in debug_env(folder).items() if k not in environ}
-    environ.update(made)
+    made = export_unset(debug_env(folder), environ)
     folder.mkdir(parents=True, exist_ok=True)
     return made
 
@@ -116,17 +119,17 @@ def _ddp_outside_the_wrapper(strategy: Any) -> None:
     count, but ``DETAIL`` made it a ``ProcessGroupWrapper``; reproducer: ``tools/gloo_detail_ddp.py``).
     So on gloo DDP gets a gloo group of its own made without the wrapper: its gradient all-reduces are not checked,
     every other collective (Lightning's, ``sync_dist``, the app's) still is."""
-    kwargs = getattr(strategy, "_ddp_kwargs", None)  # DDPStrategy's arguments for DistributedDataParallel
+    kwargs = ddp_kwargs(strategy)
     if kwargs is None or "process_group" in kwargs or dist.get_backend() != "gloo":
         return
     dist.set_debug_level(dist.DebugLevel.INFO)
     try:
-        kwargs["process_group"] = dist.new_group(backend="gloo", timeout=getattr(strategy, "_timeout", None))
+        kwargs["process_group"] = dist.new_group(backend="gloo", timeout=strategy_timeout(strategy))
     finally:
         dist.set_debug_level(dist.DebugLevel.DETAIL)
 
 
-class DebugCheckError(SystemExit):
+class DebugCheckError(UserError):
     """The ranks disagree on something they must agree on; raised on every rank with the same message."""
 
 
@@ -150,7 +153,7 @@ class DebugChecks(Callback):
         if len(set(counts)) > 1:
             ranks = ", ".join(f"rank {r}: {n}" for r, n in enumerate(counts))
             raise DebugCheckError(
-                f"error: --launch.debug: the ranks have different numbers of training batches in epoch "
+                f"--launch.debug: the ranks have different numbers of training batches in epoch "
                 f"{trainer.current_epoch} ({ranks}); the ranks with fewer would leave the epoch early and the others "
                 "hang in a collective. Fix: give every rank the same number of batches (a DistributedSampler, "
                 "drop_last, the same limit_train_batches on every rank)."
@@ -159,13 +162,13 @@ class DebugChecks(Callback):
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         if not self._distributed(trainer) or not is_logging_step(trainer):
             return
-        keys = self._gather(trainer, sorted(trainer._results.keys()))  # private: the keys this rank logged so far
+        keys = self._gather(trainer, logged_keys(trainer))
         union = set().union(*keys)
         missing = {r: sorted(union - set(k)) for r, k in enumerate(keys) if set(k) != union}
         if missing:
             lacks = "; ".join(f"rank {r} lacks {', '.join(m)}" for r, m in missing.items())
             raise DebugCheckError(
-                f"error: --launch.debug: the ranks logged different metric keys by step {trainer.global_step} "
+                f"--launch.debug: the ranks logged different metric keys by step {trainer.global_step} "
                 f"({lacks}); a key logged on some ranks only makes sync_dist and the epoch-end reduction wait for a "
                 "collective the others never start. Fix: call self.log with the same keys on every rank."
             )

@@ -20,7 +20,7 @@ What this subclass adds, each a few lines:
 - the average goes into the model when the fit ends, not when training ends: a ``last.ckpt`` saved as training ends
   (by the checkpoint callback, which runs after this one) keeps the training weights beside the average.
 
-It is the first callback of a run (``app.cli.default_callbacks``): the average includes a step before any callback
+It is the first callback of a run (``app.command.default_callbacks``): the average includes a step before any callback
 saves a checkpoint at that step's end, so a run stopped there and resumed averages the same steps.
 """
 
@@ -34,10 +34,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from torch.optim.swa_utils import get_ema_avg_fn
 
-
-def torchvision_adjusted(decay: float, global_batch: int, every: int, epochs: int) -> float:
-    """torchvision's reference: the EMA decay per update for a run of this global batch and length."""
-    return 1.0 - min(1.0, (1.0 - decay) * global_batch * every / max(epochs, 1))
+from core.batch import torchvision_adjusted
 
 
 class EMA(EMAWeightAveraging):

@@ -46,9 +46,11 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from app.launch import requeue
-from core.env import detect, node_name
-from core.errors import with_link
+from app.faults import Fault
+from app.launch.requeue import Requeue
+from app.lightning_private import process_group_backend
+from core.env import detect, export_unset, node_name
+from core.errors import UserError, report
 
 ROOT = Path(__file__).resolve().parents[2]
 FRAMES = 4  # innermost frames of the main thread shown per rank
@@ -86,17 +88,28 @@ def flight_recorder_env(folder: Path) -> dict[str, str]:
     }
 
 
+class HangError(Fault):
+    """The job is stuck: rank 0 names the rank behind and where it is; every rank leaves."""
+
+    help = "hang-watch"
+
+
 class HangWatch(Callback):
     """Ends a multi-process job whose ranks stopped making progress, naming the rank behind and where it is.
 
     Args:
         timeout: seconds without a finished (or started) training or validation step on any rank before the job is
             declared stuck (``--launch.hang_timeout``); 0 turns the watch off.
+        startup_timeout: the allowance while the job starts (``--launch.startup_timeout``).
+        requeue: what a SLURM job does after the watch ended it (the command's; none: nothing).
     """
 
-    def __init__(self, timeout: float = 600.0, startup_timeout: float | None = None) -> None:
+    def __init__(
+        self, timeout: float = 600.0, startup_timeout: float | None = None, requeue: Requeue | None = None
+    ) -> None:
         self.timeout = timeout
         self.startup_timeout = startup_timeout or startup_allowance(timeout, None, None)
+        self.requeue = requeue or Requeue()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._state: dict[str, Any] = {}
@@ -179,7 +192,7 @@ class HangWatch(Callback):
         vars(trainer).pop("save_checkpoint", None)
 
     def __deepcopy__(self, memo: dict) -> HangWatch:  # the thread and its event are this run's, never copied
-        return HangWatch(self.timeout, self.startup_timeout)
+        return HangWatch(self.timeout, self.startup_timeout, self.requeue)
 
     def __getstate__(self) -> dict:
         return {"timeout": self.timeout, "startup_timeout": self.startup_timeout}
@@ -300,11 +313,11 @@ class _Watchdog(threading.Thread):
                 break
             time.sleep(0.1)
         silent |= {r for r in range(self.world) if r not in answers}
-        print(self._message(seen, answers, silent, stalled, folder), file=sys.stderr, flush=True)
+        report(self._error(seen, answers, silent, stalled, folder))
         self.store.set("stop", " ".join(map(str, sorted(silent))))
         self._leave(settle=True)
 
-    def _message(self, seen: dict, answers: dict[int, str], silent: set[int], stalled: float, folder: Path) -> str:
+    def _error(self, seen: dict, answers: dict[int, str], silent: set[int], stalled: float, folder: Path) -> HangError:
         counters = {r: int(fields[1]) for r, (_, _, fields, _) in seen.items()}
         answering = [r for r in counters if r not in silent]
         low = min((counters[r] for r in answering), default=0)
@@ -326,11 +339,8 @@ class _Watchdog(threading.Thread):
         else:
             head = f"all {self.world} ranks are stuck at the same point (none is behind the others)"
         lines = [
-            with_link(
-                f"error: hang watch: {head}: no rank started or finished a training or validation step for "
-                f"{stalled:.0f} s ({allowance}).",
-                "hang-watch",
-            )
+            f"hang watch: {head}: no rank started or finished a training or validation step for {stalled:.0f} s "
+            f"({allowance})."
         ]
         for r in range(self.world):
             mark = "  <- behind" if r in behind else ""
@@ -378,7 +388,7 @@ class _Watchdog(threading.Thread):
                 else ". If a step legitimately takes longer, raise `--launch.hang_timeout SECONDS` (0: the watch off)."
             )
         )
-        return "\n".join(lines)
+        return HangError("\n".join(lines))
 
     # ----- every rank
     def _answer(self, folder: str) -> None:
@@ -400,9 +410,9 @@ class _Watchdog(threading.Thread):
 
     def _leave(self, settle: bool = False) -> None:
         """Ends this process with status 1; first SIGKILLs the ranks of this host that do not answer."""
-        if self.rank != 0:
-            print(f"error: hang watch: rank {self.rank} of {self.world} stops: the job is stuck (rank 0's message "
-                  "says which rank and where).", file=sys.stderr, flush=True)  # fmt: skip
+        if self.rank != 0:  # rank 0's diagnosis carries the link to the section; this line points at it
+            report(UserError(f"hang watch: rank {self.rank} of {self.world} stops: the job is stuck (rank 0's message "
+                             "says which rank and where)."))  # fmt: skip
         try:
             silent = [int(r) for r in self.store.get("stop").decode().split()]
             for r in silent:
@@ -420,32 +430,34 @@ class _Watchdog(threading.Thread):
         except Exception:
             pass
         _kill_local_children()
-        requeue.after_fault()  # under SLURM with --launch.max_restarts: back in the queue
+        self.watch.requeue.after_fault()  # under SLURM with --launch.max_restarts: back in the queue
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
 
     def _store_lost(self, err: Exception) -> None:
-        where_ = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
-        print(
-            f"error: hang watch: rank {self.rank} of {self.world} lost the job's store at {where_} for more than "
-            f"{self.timeout:g} s (--launch.hang_timeout): its host (rank 0, or the torchrun agent) does not answer "
-            f"({type(err).__name__}). Rank {self.rank} stops. Resume with `--ckpt_path last`.",
-            file=sys.stderr,
-            flush=True,
+        launch = detect()
+        report(
+            UserError(
+                f"hang watch: rank {self.rank} of {self.world} lost the job's store at {launch.master_addr}:"
+                f"{launch.master_port} for more than {self.timeout:g} s (--launch.hang_timeout): its host (rank 0, or "
+                f"the torchrun agent) does not answer ({type(err).__name__}). Rank {self.rank} stops. Resume with "
+                "`--ckpt_path last`."
+            )
         )
         _kill_local_children()
-        requeue.after_fault()
+        self.watch.requeue.after_fault()
         os._exit(1)
 
 
 def watch_store(timeout_s: float) -> Any:
     """A client of the job's store (at ``MASTER_ADDR:MASTER_PORT``) under this attempt's hang-watch prefix: where
     every rank's watch publishes its beats."""
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("SLURM_RESTART_COUNT") or "0"
-    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-    client = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
-    return dist.PrefixStore(f"{PREFIX}/{attempt}", client)
+    launch = detect()  # read now: Lightning exports MASTER_ADDR/MASTER_PORT when it forms the process group
+    client = dist.TCPStore(
+        launch.master_addr, int(launch.master_port), is_master=False, timeout=timedelta(seconds=timeout_s)
+    )
+    return dist.PrefixStore(f"{PREFIX}/{launch.restart_count}", client)
 
 
 def hosts_of(ranks: list[int]) -> dict[int, str]:
@@ -501,10 +513,12 @@ def startup_allowance(hang_timeout: float, given: float | None, launch_timeout: 
     return effective_timeout(given or max(2 * hang_timeout, STARTUP_FLOOR_S), launch_timeout)
 
 
-def install(trainer: Trainer, seconds: float, startup_seconds: float | None = None) -> None:
+def install(
+    trainer: Trainer, seconds: float, startup_seconds: float | None = None, requeue: Requeue | None = None
+) -> None:
     """Gives ``trainer`` a :class:`HangWatch` of ``seconds`` (the config's, if it lists one, else a new one), and
     ``startup_seconds`` while the job starts: on by default, whatever callbacks a config lists. It does nothing in a
-    single-process run."""
+    single-process run. ``requeue``: the command's, called after the watch ended the job."""
     found = [cb for cb in trainer.callbacks if isinstance(cb, HangWatch)]
     if not found:
         found = [HangWatch(seconds, startup_seconds)]
@@ -512,16 +526,14 @@ def install(trainer: Trainer, seconds: float, startup_seconds: float | None = No
     for watch in found:
         watch.timeout = seconds
         watch.startup_timeout = startup_seconds or startup_allowance(seconds, None, None)
+        watch.requeue = requeue or watch.requeue
         trainer.callbacks.insert(0, StartEarly(watch))
 
 
-def apply_flight_recorder(strategy: Any, folder: Path, environ: dict[str, str] | Any = os.environ) -> dict[str, str]:
+def apply_flight_recorder(strategy: Any, folder: Path, environ: dict[str, str] | None = None) -> dict[str, str]:
     """Turns the NCCL flight recorder on (``flight_recorder_env``, user values kept) when ``strategy`` will form an
     NCCL process group; returns the variables set. Must run before the process group exists (torch reads them when
     it creates ``ProcessGroupNCCL``)."""
-    backend = getattr(strategy, "_get_process_group_backend", None)
-    if backend is None or getattr(strategy, "world_size", 1) < 2 or backend() != "nccl":
+    if getattr(strategy, "world_size", 1) < 2 or process_group_backend(strategy) != "nccl":
         return {}
-    made = {k: v for k, v in flight_recorder_env(folder).items() if k not in environ}
-    environ.update(made)
-    return made
+    return export_unset(flight_recorder_env(folder), environ)

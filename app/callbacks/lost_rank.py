@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import sys
 import threading
 import time
 
@@ -13,10 +12,10 @@ import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from app.callbacks.hang_watch import hosts_of
-from app.faults import loader_worker_died
-from app.launch import requeue
+from app.faults import Fault, loader_worker_died
+from app.lightning_private import ChildProcessObserver, child_processes, on_child_death
 from core.env import detect, node_name
-from core.errors import say, with_link
+from core.errors import UserError, report
 
 # what gloo (and c10d around it) says when the other end of a collective is gone or silent
 PEER_GONE = re.compile(r"closed by peer|reset by peer|broken pipe|timed out|timeout|connection refused", re.IGNORECASE)
@@ -28,14 +27,24 @@ def torch_message(exception: BaseException) -> str:
     return re.sub(r"^\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", first).split(". ")[0][:240]
 
 
-# one report per process: the main thread and Lightning's poller thread may both find the lost rank (a module-level
-# lock: the callback itself stays picklable and deep-copyable, as Lightning expects of callbacks)
+# One report per process: the main thread and Lightning's poller thread may both find the lost rank. Process-wide by
+# nature (Lightning's poller is patched for the whole process, watch_the_start_up), and a lock cannot be a callback's
+# own: the callback must stay picklable and deep-copyable, as Lightning expects of callbacks.
 _REPORTING = threading.Lock()
 CHILD_EXIT_S = 2.0  # how long rank 0 waits for a local rank whose connection broke to show its exit status
 
 
-class LostRankError(SystemExit):
-    """A rank of the job died or stopped answering; raised on the survivors with a one-line message."""
+class LostRankError(Fault):
+    """A rank of the job died or stopped answering; raised on the survivors, said in one line."""
+
+    help = "lost-rank"
+
+
+class Restarting(LostRankError):
+    """A rank was lost and torchrun restarts the worker group (a restart is left): said as what happens next."""
+
+    help = None
+    said_as = "torchrun"
 
 
 class LostRank(Callback):
@@ -65,9 +74,9 @@ class LostRank(Callback):
         self._reported = False
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        for thread in threading.enumerate():  # Lightning's _ChildProcessObserver, started by its launcher on rank 0
-            if thread.name == "child-process-observer" and hasattr(thread, "_terminate_all"):
-                thread._terminate_all = lambda observer=thread: self._child_died(trainer, observer)
+        for thread in threading.enumerate():  # Lightning's observer, started by its launcher on rank 0
+            if isinstance(thread, ChildProcessObserver):
+                on_child_death(thread, lambda observer=thread: self._child_died(trainer, observer))
 
     def _child_died(self, trainer: Trainer, observer: threading.Thread) -> None:
         """Lightning's poller found a dead local rank: report it as a lost rank, stop the others, exit 1."""
@@ -76,40 +85,38 @@ class LostRank(Callback):
                 return
             self._reported = True
         lost, how = self._dead_children(trainer) or ([], "a local rank ended")
-        print(self._message(lost, trainer.world_size, how, trainer.global_rank, None), file=sys.stderr, flush=True)
-        for proc in getattr(observer, "_child_processes", []):
+        report(self._error(lost, trainer.world_size, how, trainer.global_rank, None))
+        for proc in child_processes(observer):
             if proc.poll() is None:
                 proc.kill()
         os._exit(1)  # from this thread: the main thread may be blocked in a collective with the dead rank
 
     @staticmethod
-    def _message(lost: list[int], world: int, how: str, rank: int, torch_says: str | None) -> str:
+    def _error(lost: list[int], world: int, how: str, rank: int, torch_says: str | None) -> LostRankError:
         names = ", ".join(map(str, lost)) if lost else "unknown"
         torch_says = f" torch: {torch_says}." if torch_says else ""
         launch = detect()
         restart, most = launch.restart_count, launch.max_restarts
         if restart < most:  # torchrun --max-restarts: the agent stops the survivors and starts the group again
-            return (
-                f"torchrun: lost rank {names} of {world} ({how}); rank {rank} stops too and torchrun restarts the "
-                f"worker group (restart {restart + 1} of {most}), which resumes from the newest last.ckpt of this "
-                f"run.{torch_says}"
+            return Restarting(
+                f"lost rank {names} of {world} ({how}); rank {rank} stops too and torchrun restarts the worker group "
+                f"(restart {restart + 1} of {most}), which resumes from the newest last.ckpt of this run.{torch_says}"
             )
         used_up = f" torchrun has no restart left ({most} of {most} used), so the job fails." if most else ""
-        return with_link(
-            f"error: lost rank {names} of {world} ({how}); rank {rank} stops too.{used_up}{torch_says} "
+        return LostRankError(
+            f"lost rank {names} of {world} ({how}); rank {rank} stops too.{used_up}{torch_says} "
             "Fix: look at the lost rank's log and exit status (out of memory? killed by the scheduler? node down?), "
-            "then resume the job with `--ckpt_path last`.",
-            "lost-rank",
+            "then resume the job with `--ckpt_path last`."
         )
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if not (dist.is_available() and dist.is_initialized() and trainer.world_size > 1):
             return
-        if isinstance(exception, SystemExit):  # this rank ends with its own line (a full disk: every rank does)
+        if isinstance(exception, (SystemExit, UserError)):  # this rank ends with its own line (a full disk: every rank)
             with _REPORTING:  # so Lightning's poller, seeing the other ranks end first, reports no lost rank
                 self._reported = True
             return
-        if not PEER_GONE.search(str(exception)) or loader_worker_died(exception):  # its own line (app.cli)
+        if not PEER_GONE.search(str(exception)) or loader_worker_died(exception):  # its own line (the command's)
             return
         with _REPORTING:
             if self._reported:  # Lightning's poller is reporting it and ending the process
@@ -125,10 +132,9 @@ class LostRank(Callback):
         torch_says = torch_message(exception)
         for logger in trainer.loggers:
             logger.finalize("failed")
-        say(self._message(lost, world, how, rank, torch_says))
-        requeue.after_fault()  # under SLURM with --launch.max_restarts: back in the queue
-        # raised here, ending the process: the rest of Lightning's teardown would only touch the broken process group
-        raise LostRankError(1)
+        # raised here, ending the process (its line and the SLURM requeue are the command's error channel's): the rest
+        # of Lightning's teardown would only touch the broken process group
+        raise self._error(lost, world, how, rank, torch_says)
 
     @staticmethod
     def _dead_children(trainer: Trainer) -> tuple[list[int], str] | None:
@@ -157,9 +163,9 @@ class LostRank(Callback):
                     break
                 time.sleep(0.1)
         except Exception:  # the store's host is gone: torch's own store under Lightning's launcher is rank 0's
-            where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
-            agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-            if agent:
+            launch = detect()
+            where = f"{launch.master_addr or '?'}:{launch.master_port or '?'}"
+            if launch.agent_store:
                 return [], f"the rendezvous store at {where} (the torchrun agent) no longer answers"
             return [0], f"its process hosted the rendezvous store at {where}, which no longer answers"
         if not missing:
@@ -183,23 +189,23 @@ def watch_the_start_up() -> None:
     Lightning's launcher polls its children (``_ChildProcessObserver``) and, for a dead one, SIGKILLs every rank and
     itself: the job ends with status 137 and no line of the app's. Its observer has no hook, so its
     ``_terminate_all`` is replaced here for the whole process (:meth:`LostRank.setup` takes over each run's observer
-    once training is set up). Idempotent; installed by :func:`app.cli.main`.
+    once training is set up). Idempotent; installed by :func:`app.command.main`.
     """
-    from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
-
-    _ChildProcessObserver._terminate_all = _died_starting
+    on_child_death(ChildProcessObserver, _died_starting)
 
 
 def _died_starting(observer) -> None:
+    # process-wide, as the patch of Lightning's observer class is: one start-up report per process (its flag is the
+    # class's, under the module's lock)
     with _REPORTING:
         reported, LostRank._starting_reported = getattr(LostRank, "_starting_reported", False), True
     if reported:
         return
-    procs = observer._child_processes
+    procs = child_processes(observer)
     dead = {i + 1: p for i, p in enumerate(procs) if p.poll() not in (None, 0)}
     how = ", ".join(f"rank {r} pid {p.pid} exit {p.returncode}" for r, p in dead.items())
     how += " while the job was starting, before training; a negative exit is the signal that ended it, -9 = SIGKILL"
-    print(LostRank._message(list(dead), len(procs) + 1, how, 0, None), file=sys.stderr, flush=True)
+    report(LostRank._error(list(dead), len(procs) + 1, how, 0, None))
     for proc in procs:
         if proc.poll() is None:
             proc.kill()

@@ -14,13 +14,14 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states
 from lightning.pytorch import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 
+from app.lightning_private import collect_rng_states, set_rng_states
+
 
 def _local_rng_state() -> dict[str, Any]:
-    state = _collect_rng_states(include_cuda=False)
+    state = collect_rng_states(include_cuda=False)
     kind, keys, pos, has_gauss, cached = state["numpy"]
     return {
         "torch": state["torch"],
@@ -40,7 +41,7 @@ def _local_rng_state() -> dict[str, Any]:
 def _set_local_rng_state(state: dict[str, Any]) -> None:
     n = state["numpy"]
     numpy = (n["kind"], n["keys"].cpu().numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
-    _set_rng_states({"torch": state["torch"].cpu(), "numpy": numpy, "python": state["python"]})
+    set_rng_states({"torch": state["torch"].cpu(), "numpy": numpy, "python": state["python"]})
     if state["cuda"] and torch.cuda.is_available():
         # the run may resume with fewer visible GPUs than it saved states for (set_rng_state_all would raise
         # IndexError): restore the devices that exist; a process only ever draws on its own device's generator

@@ -12,7 +12,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from app.callbacks import agree
-from app.run_dir import last_checkpoint_of
+from app.checkpoint.manager import last_checkpoint_of
+from app.lightning_private import restore_sigterm_broadcast, should_accumulate, skip_sigterm_broadcast
 from core.errors import say
 
 EXIT_CODE = 128 + signal.SIGTERM  # 143: what a shell reports for a process ended by SIGTERM
@@ -67,10 +68,9 @@ class SIGTERMCheckpoint(Callback):
             agree.watch(trainer, "sigterm", lambda: self._requested)
             self._watching = True
             # Lightning 2.6 also broadcasts rank 0's SIGTERM flag before every training batch and reads it on the
-            # host (_TrainingEpochLoop._broadcast_sigterm_tensor): a blocking collective and a device sync per step.
-            # Its flag is set only by Lightning's handler, which this one has just replaced, so the broadcast could
-            # only ever carry 0: it is switched off for this run (the instance attribute; the class is untouched).
-            trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
+            # host: a blocking collective and a device sync per step. Its flag is set only by Lightning's handler,
+            # which this one has just replaced, so the broadcast could only ever carry 0: off for this run.
+            skip_sigterm_broadcast(trainer)
 
     def _record(self, signum, frame) -> None:
         self._requested = True
@@ -98,7 +98,7 @@ class SIGTERMCheckpoint(Callback):
         if self._watching:
             self._watching = False
             agree.unwatch(trainer, "sigterm", finished)
-            vars(trainer.fit_loop.epoch_loop).pop("_broadcast_sigterm_tensor", None)
+            restore_sigterm_broadcast(trainer)
 
     def on_sanity_check_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._install(trainer)
@@ -113,7 +113,7 @@ class SIGTERMCheckpoint(Callback):
     def on_train_batch_end(self, trainer: Trainer, *args) -> None:
         if not self._watching or not agree.any_rank(trainer, "sigterm"):
             return
-        if trainer.fit_loop.epoch_loop._should_accumulate():
+        if should_accumulate(trainer):
             return  # inside an accumulation: the flag stays set, every rank stops after the same optimizer step
         ckpt, path = trainer.checkpoint_callback, last_checkpoint_of(trainer)
         if ckpt is not None:  # the file is ModelCheckpoint's own: its next save replaces it instead of writing last-v1

@@ -13,6 +13,7 @@ from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 from lightning.pytorch.utilities import rank_zero_info
 
 from app.callbacks.throughput import batch_size
+from core.errors import InvalidValue
 
 
 def as_fraction(target: float | None) -> float | None:
@@ -23,9 +24,9 @@ def as_fraction(target: float | None) -> float | None:
         return float(target)
     if 1 < target <= 100:
         return target / 100.0
-    raise ValueError(
+    raise InvalidValue(
         f"stop_at_accuracy.target must be a fraction in (0, 1] such as 0.75 or a percent in (1, 100] such as 75, "
-        f"got {target}"
+        f"got {target}. Fix: e.g. --stop_at_accuracy.target 0.99."
     )
 
 

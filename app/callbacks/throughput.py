@@ -21,6 +21,7 @@ from lightning.pytorch.utilities.data import extract_batch_size
 from torch import Tensor
 
 from app.strategies.layout import layout_of
+from core.errors import InvalidValue
 from core.logging_steps import is_logging_step
 
 
@@ -62,7 +63,7 @@ class Throughput(Callback):
 
     def __init__(self, window: int = 50) -> None:
         if window < 1:
-            raise ValueError(f"Throughput.window must be >= 1 step, got {window}")
+            raise InvalidValue(f"Throughput.window must be >= 1 step, got {window}. Fix: e.g. 50 (the default).")
         self.window = window
         self._steps: deque[tuple[int, float, float, float]] = deque(maxlen=window)
         self._last_end: float | None = None

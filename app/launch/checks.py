@@ -7,13 +7,13 @@ that cannot work anywhere. Each check reads the mode's :class:`~app.strategies.l
 
 from __future__ import annotations
 
-import os
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from app.checkpoint import From
 from app.launch.plan import Plan
 from app.strategies.dp import COMPILE_REFUSED
 from app.strategies.layout import declared_modes
@@ -93,7 +93,7 @@ def nodes_differ(plan: Plan) -> str | None:
 
 
 def nodes_cannot_meet(plan: Plan) -> str | None:
-    if plan.launch.launcher != "none" or plan.num_nodes <= 1 or "MASTER_ADDR" in plan.launch.env:
+    if plan.launch.launcher != "none" or plan.num_nodes <= 1 or plan.launch.master_addr is not None:
         return None
     return (
         f"trainer.num_nodes={plan.num_nodes} but no launcher was detected and MASTER_ADDR is not set, so the "
@@ -116,8 +116,8 @@ def rendezvous_host_unresolved(plan: Plan) -> str | None:
     address = main_address(launch)
     if launch.launcher != "slurm" or not launch.multi_task or not address or resolves(address):
         return None
-    source = "MASTER_ADDR" if "MASTER_ADDR" in launch.env else "the first node of SLURM_JOB_NODELIST"
-    here = launch.env.get("SLURMD_NODENAME", "this node")
+    source = "MASTER_ADDR" if launch.master_addr is not None else "the first node of SLURM_JOB_NODELIST"
+    here = launch.slurm_node or "this node"
     return (
         f"the rendezvous host {address!r} ({source}) does not resolve on {here}; "
         "c10d would retry it forever. Fix: export MASTER_ADDR=<an address of the first node that every node "
@@ -127,7 +127,8 @@ def rendezvous_host_unresolved(plan: Plan) -> str | None:
 
 def fresh_job_resumes_hpc_checkpoint(plan: Plan) -> str | None:
     launch = plan.launch
-    if launch.launcher != "slurm" or launch.restart_count != 0 or not (plan.resume or "").startswith("hpc"):
+    hpc = plan.resume is not None and plan.resume.source is From.HPC
+    if launch.launcher != "slurm" or launch.restart_count != 0 or not hpc:
         return None
     return (
         "a fresh SLURM job resumes from an HPC checkpoint an earlier preempted job left in "
@@ -247,27 +248,33 @@ def config_problems(config: Any) -> list[str]:
     devices = trainer.get("devices")
     if isinstance(devices, int) and (devices == 0 or devices < -1):
         problems.append(f"trainer.devices={devices}: give a positive count, a list of indices, or auto.")
-    return problems + data_problems(config)
+    return problems + class_problems(config.get("data")) + class_problems(trainer.get("strategy"))
 
 
-def data_class(config: Any) -> Any:
-    """The DataModule class ``data.class_path`` names, imported; None without one or for an unknown class (the parser
-    says so)."""
+def class_of(entry: Any) -> Any:
+    """The class a ``class_path`` entry of the config names, imported; None without one or for an unknown class (the
+    parser says so)."""
     import importlib
 
-    module, _, name = str(getattr(config.get("data"), "class_path", "") or "").rpartition(".")
+    module, _, name = str(getattr(entry, "class_path", "") or "").rpartition(".")
     try:
         return getattr(importlib.import_module(module), name) if module else None
     except (ImportError, AttributeError):
         return None
 
 
-def data_problems(config: Any) -> list[str]:
-    """The DataModule's own checks of its arguments (``core.datamodule.ImageData.config_problems``; a DataModule
-    that is not one has none), before it is built: an error raised while jsonargparse builds it would arrive inside
-    its union's long message."""
-    check = getattr(data_class(config), "config_problems", None)
-    return list(check(config.get("data").get("init_args") or {})) if callable(check) else []
+def data_class(config: Any) -> Any:
+    """The DataModule class ``data.class_path`` names (its ``plan_lines`` go to the plan)."""
+    return class_of(config.get("data"))
+
+
+def class_problems(entry: Any) -> list[str]:
+    """The class's own checks of its arguments, for a ``class_path`` entry of the config (the DataModule's:
+    ``core.datamodule.ImageData.config_problems``; a strategy's: ``AllReduceStrategy.config_problems``; a class
+    without one has none), before it is built: an error raised while jsonargparse builds it would arrive inside its
+    union's long message, with a traceback."""
+    check = getattr(class_of(entry), "config_problems", None)
+    return list(check(entry.get("init_args") or {})) if callable(check) else []
 
 
 @dataclass
@@ -299,7 +306,7 @@ class Machine:
         listed = devices if isinstance(devices, (list, tuple)) else text.split(",") if "," in text else []
         indices = [int(d) for d in listed if str(d).strip().isdigit()]
         need = (max(indices) + 1) if indices else (plan.devices or 1)
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        visible = plan.launch.cuda_visible_devices
         visible = f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""
         return cls(plan, config, have, on_gpu, need, visible)
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from app.callbacks.ema import torchvision_adjusted
 from app.launch.checks import data_class
+from core.batch import torchvision_adjusted
 from core.config import get
 from core.device import AUTO, auto_precision, describe, flag, on_cuda
 from modules.classifier import COMPILE_CACHE

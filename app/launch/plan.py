@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.checkpoint import From, Resume
 from app.strategies.layout import Layout, layout_of
 from core.batch import linear_scaled_lr, resolve_batch
 from core.env import LAUNCHER_NAMES, Launch
@@ -51,7 +52,7 @@ class Plan:
     lr: float | None
     precision: str
     root_dir: str
-    resume: str | None
+    resume: Resume | None  # what the run resumes from (None: not decided, a fresh start)
     timeout: float | None
     hang_timeout: float | None = None  # the hang watch's (``app.callbacks.hang_watch``); 0: off
     startup_timeout: float | None = None  # its allowance while the job starts (set-up, sanity check, first step)
@@ -115,6 +116,12 @@ class Plan:
             return f"{self.lr} per {reference} images of global batch (linear scaling; global batch known at start)"
         scaled = linear_scaled_lr(self.lr, global_batch, reference)
         return f"{scaled:g} = {self.lr:g} per {reference} images x global batch {global_batch} (linear scaling)"
+
+    def _describe_resume(self) -> str:
+        resume = self.resume
+        if resume is None or (resume.path is None and resume.source is From.NOTHING):
+            return "nothing (fresh start)"
+        return resume.describe()
 
     def _device_kind(self) -> str:
         dev = "cuda" if self.accelerator in ("gpu", "cuda") else self.accelerator
@@ -183,7 +190,7 @@ class Plan:
             f"lr           {self._describe_lr(total)}",
             *self.choices,
             f"run dir      {self.root_dir}",
-            f"resume from  {self.resume or 'nothing (fresh start)'}",
+            f"resume from  {self._describe_resume()}",
         ]
         if self.checkpoint_minutes:
             how = "written in the background, " if self.checkpoint_background else ""

@@ -9,29 +9,29 @@ here with the fix spelled out.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_info
 
-from app import run_dir
-from app.checkpoint import local_root
+from app.checkpoint import Checkpoints, Resume
+from app.checkpoint.local_copy import local_root, restarts_in_place
 from app.launch import choices
 from app.launch.checks import config_problems, launch_problems, machine_problems
 from app.launch.plan import Plan, device_count
-from app.launch.requeue import SCRIPT_OWNS
-from app.resume import Resume, decide
 from app.strategies.layout import layout_of, strategy_name
 from core.config import get
 from core.device import AUTO, auto_precision, on_cuda
 from core.env import Launch, detect
-from core.errors import with_link
+from core.errors import UserError, with_link
 
 __all__ = ["PreflightError", "build", "machine_problems", "preflight"]
 
 
-class PreflightError(SystemExit):
-    """The config cannot run as given (launcher, machine, names, numbers); raised on every rank before the Trainer."""
+class PreflightError(UserError):
+    """The config cannot run as given (launcher, machine, names, numbers); raised on every rank before the Trainer.
+    Its first line links to the preflight's section, each problem below it to its own (or to the preflight's)."""
+
+    help = "preflight"
 
 
 def build(
@@ -44,13 +44,14 @@ def build(
     startup_timeout: float | None = None,
 ) -> Plan:
     """The plan for a parsed subcommand config (LightningCLI's ``config[subcommand]``); ``resume``: what the run
-    resumes from (:func:`app.resume.decide`'s decision, made here for a fit when not given); ``max_restarts``:
-    ``--launch.max_restarts`` of a ``fit``."""
+    resumes from (:meth:`app.checkpoint.Checkpoints.decide`'s decision, made here for a fit when not given);
+    ``max_restarts``: ``--launch.max_restarts`` of a ``fit``."""
     launch = launch or detect()
     trainer = config.trainer
     accelerator = str(trainer.get("accelerator") or "auto")
-    root = str(run_dir.root(trainer.get("default_root_dir")).resolve())
-    resume = resume or decide(config, "fit", launch)
+    checkpoints = Checkpoints.of(config)
+    root = str(checkpoints.root.resolve())
+    resume = resume or checkpoints.decide(config.get("ckpt_path"), "fit", launch)
     strategy = trainer.get("strategy") or "auto"
     devices, nodes = device_count(trainer.get("devices", "auto"), accelerator), int(trainer.get("num_nodes") or 1)
     if launch.node_range and launch.nodes:  # elastic torchrun: this round's nodes (WORLD_SIZE), whatever the config
@@ -67,7 +68,7 @@ def build(
         lr_reference_batch_size=get(config, "model", "lr_reference_batch_size"),
         precision=str(trainer.get("precision") or "32-true").replace(AUTO, auto_precision(on_cuda(accelerator))),
         root_dir=root,
-        resume=resume.describe() if resume.path is not None or resume.source != "none" else None,
+        resume=resume,
         timeout=timeout,
         hang_timeout=hang_timeout,
         startup_timeout=startup_timeout,
@@ -85,13 +86,13 @@ def build(
     if plan.checkpoint_minutes:
         plan.checkpoint_background = get(config, "checkpoint", "background") is not False
         local = get(config, "checkpoint", "local_copy")
-        in_place = plan.by_agent or (launch.launcher == "torchrun" and launch.max_restarts > 0)
-        where = local_root() if (in_place if local is None else local) else None
+        in_place = plan.by_agent or restarts_in_place(launch)
+        where = local_root(launch) if (in_place if local is None else local) else None
         plan.local_copy = str(where) if where is not None else None
     if max_restarts and not plan.by_agent and (why := ignored_restarts(plan)):
         plan.notes.append(f"--launch.max_restarts {max_restarts} ignored: {why}.")
     if max_restarts and launch.launcher == "slurm":
-        by = "the batch script" if os.environ.get(SCRIPT_OWNS) == "script" else "the app (scontrol requeue)"
+        by = "the batch script" if launch.requeue_by_script else "the app (scontrol requeue)"
         plan.notes.append(
             f"--launch.max_restarts {max_restarts}: a fault requeues the job, done by {by}, while fewer than "
             f"{max_restarts} requeues were made ({launch.restart_count} so far); the requeued job resumes from its "
@@ -121,10 +122,11 @@ def preflight(
     resume: Resume | None = None,
     max_restarts: int = 0,
     startup_timeout: float | None = None,
+    launch: Launch | None = None,
 ) -> Plan:
     """Builds and checks the plan; rank 0 prints it. Every rank exits with the fix when the plan has problems."""
     plan = build(
-        config, timeout=timeout, hang_timeout=hang_timeout, resume=resume, max_restarts=max_restarts,
+        config, launch=launch, timeout=timeout, hang_timeout=hang_timeout, resume=resume, max_restarts=max_restarts,
         startup_timeout=startup_timeout,
     )  # fmt: skip
     if plan.num_nodes != int(config.trainer.get("num_nodes") or 1):  # elastic torchrun: the Trainer's too
@@ -138,8 +140,8 @@ def preflight(
     if echo:
         rank_zero_info(plan.render())
     if plan.problems:
-        head = with_link("error: preflight: this run cannot start as configured; nothing was started.", "preflight")
         # each problem links to its own section where it has one (given by its check), else to the preflight's
         lines = [with_link(f"  - {problem}", "preflight") for problem in plan.problems]
+        head = "preflight: this run cannot start as configured; nothing was started."
         raise PreflightError("\n".join([head, *lines]))
     return plan

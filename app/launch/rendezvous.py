@@ -6,22 +6,26 @@ import contextlib
 import os
 import re
 import socket
-import sys
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
-from app.launch import requeue
+from app.faults import Fault
 from app.launch.plan import Plan
-from core.env import Launch, main_address
-from core.errors import say, with_link
-
-_held: socket.socket | None = None  # the port hold_port keeps bound for this process's run
+from app.lightning_private import init_dist_connection, process_group_backend, set_strategy_timeout, strategy_timeout
+from core.env import Launch, detect, main_address
 
 
-def hold_port(plan: Plan) -> int | None:
-    """The rendezvous port of a one-node multi-process run that Lightning's own launcher starts: bound here and kept
-    bound until :func:`release_port`, exported as ``MASTER_PORT`` for the ranks Lightning starts.
+class RendezvousTimeout(Fault):
+    """The ranks did not all meet: which ranks of the plan are missing, and what to check."""
+
+    help = "rendezvous-timeout"
+
+
+class HeldPort:
+    """The rendezvous port of a one-node multi-process run that Lightning's own launcher starts: bound by
+    :meth:`hold` and kept bound until :meth:`release`, exported as ``MASTER_PORT`` for the ranks Lightning starts.
+    The command holds one for its run.
 
     Why by hand: Lightning picks ``MASTER_PORT`` by binding port 0 and closing the socket (``find_free_network_port``),
     and rank 0's TCPStore binds it seconds later, after the other ranks started; meanwhile the kernel may hand the
@@ -29,27 +33,30 @@ def hold_port(plan: Plan) -> int | None:
     SO_REUSEADDR and never listens: no other socket can bind the port and ``bind(0)`` never returns it, while the
     TCPStore (which sets SO_REUSEADDR too) still binds and listens on it. Under torchrun (its store binds port 0
     itself), SLURM (Lightning derives the port from the job id), several nodes, or a ``MASTER_PORT`` you set,
-    nothing is done. None when nothing is held.
+    nothing is done.
     """
-    global _held
-    world = plan.launched_world_size or 1
-    if plan.launch.launcher != "none" or plan.num_nodes > 1 or world < 2 or os.environ.get("MASTER_PORT"):
-        return None
-    _held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    _held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    _held.bind(("", 0))
-    port = _held.getsockname()[1]
-    os.environ["MASTER_PORT"] = str(port)
-    return port
 
+    def __init__(self) -> None:
+        self._socket: socket.socket | None = None
 
-def release_port() -> None:
-    """Closes the port :func:`hold_port` held and forgets its ``MASTER_PORT`` (the run is over)."""
-    global _held
-    if _held is not None:
-        os.environ.pop("MASTER_PORT", None)
-        _held.close()
-        _held = None
+    def hold(self, plan: Plan) -> int | None:
+        """Binds the port for ``plan``'s run when it needs one; the port, or None when nothing is held."""
+        world = plan.launched_world_size or 1
+        if plan.launch.launcher != "none" or plan.num_nodes > 1 or world < 2 or plan.launch.master_port:
+            return None
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind(("", 0))
+        port = self._socket.getsockname()[1]
+        os.environ["MASTER_PORT"] = str(port)  # written for the ranks Lightning's launcher starts (they inherit it)
+        return port
+
+    def release(self) -> None:
+        """Closes the port :meth:`hold` held and forgets its ``MASTER_PORT`` (the run is over)."""
+        if self._socket is not None:
+            os.environ.pop("MASTER_PORT", None)  # written: the next run in this process picks its own
+            self._socket.close()
+            self._socket = None
 
 
 def join_this_attempt(strategy: Any, launch: Launch) -> None:
@@ -68,19 +75,18 @@ def join_this_attempt(strategy: Any, launch: Launch) -> None:
     """
     import torch.distributed as dist
     from lightning.fabric.plugins.environments import TorchElasticEnvironment
-    from lightning.fabric.utilities.distributed import _init_dist_connection
     from torch.distributed.constants import default_pg_timeout
 
     env = getattr(strategy, "cluster_environment", None)
-    backend = getattr(strategy, "_get_process_group_backend", None)
+    backend = process_group_backend(strategy)
     if not (launch.max_restarts and isinstance(env, TorchElasticEnvironment) and backend and launch.multi_task):
         return
-    if launch.env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or dist.is_initialized():
+    if not launch.agent_store or dist.is_initialized():
         return  # a store of this attempt's own (rank 0 hosts it): nothing stale in it
-    timeout = strategy._timeout or default_pg_timeout
+    timeout = strategy_timeout(strategy) or default_pg_timeout
     store = dist.TCPStore(env.main_address, env.main_port, is_master=False, timeout=timeout)
     store = dist.PrefixStore(f"/worker/attempt_{launch.restart_count}", store)
-    _init_dist_connection(env, backend(), store=store, timeout=timeout, **device_id_kwargs(strategy))
+    init_dist_connection(env, backend, store=store, timeout=timeout, **device_id_kwargs(strategy))
 
 
 def device_id_kwargs(strategy: Any) -> dict[str, Any]:
@@ -95,11 +101,10 @@ def apply_timeout(strategy: Any, seconds: float | None) -> None:
     """Sets how long the ranks wait for each other (the process-group timeout, rendezvous included).
 
     Lightning exposes this only as the ``timeout`` argument of ``DDPStrategy`` and its subclasses, which a strategy
-    given by name (``--trainer.strategy ddp``) cannot carry; the instantiated strategy keeps it in ``_timeout`` until
-    ``setup_environment`` passes it to ``init_process_group``, so it is set there.
+    given by name (``--trainer.strategy ddp``) cannot carry (:func:`app.lightning_private.set_strategy_timeout`).
     """
-    if seconds is not None and hasattr(strategy, "_timeout"):
-        strategy._timeout = timedelta(seconds=seconds)
+    if seconds is not None:
+        set_strategy_timeout(strategy, timedelta(seconds=seconds))
 
 
 @contextlib.contextmanager
@@ -113,20 +118,15 @@ def rendezvous_errors_explained(plan: Plan | None) -> Iterator[None]:
 
         if not isinstance(err, getattr(dist, "DistError", ())) or "imed out" not in str(err) or plan is None:
             raise
-        message = with_link(_explain(err, plan), "rendezvous-timeout")
-        if not requeue.armed():
-            sys.exit(message)
-        say(message)  # a rank that died as the job started: under SLURM with --launch.max_restarts, requeue
-        requeue.after_fault()
-        raise SystemExit(1) from None
+        raise RendezvousTimeout(_explain(err, plan)) from None
 
 
 def _explain(err: Exception, plan: Plan) -> str:
     launch = plan.launch
     world = launch.world_size if launch.launcher != "none" else plan.world_size
-    rank = launch.rank if launch.launcher != "none" else (_int_env(launch, "NODE_RANK") or 0) * (plan.devices or 1)
-    env = {**launch.env, **os.environ}  # Lightning fills in MASTER_ADDR/PORT when the launcher did not
-    address = f"{env.get('MASTER_ADDR', main_address(launch))}:{env.get('MASTER_PORT', '?')}"
+    rank = launch.rank if launch.launcher != "none" else launch.node_rank * (plan.devices or 1)
+    now = detect()  # Lightning fills in MASTER_ADDR/PORT when the launcher did not
+    address = f"{now.master_addr or main_address(launch)}:{now.master_port or launch.master_port or '?'}"
     torch_says = str(err).strip().splitlines()[0][:300]
     joined = re.search(r"(\d+)/(\d+) clients joined", torch_says)
     if rank == 0:
@@ -137,13 +137,8 @@ def _explain(err: Exception, plan: Plan) -> str:
     layout = "\n".join(line for line in plan.render().splitlines() if line.startswith("    node"))
     wait = f"{plan.timeout:g} s (--launch.timeout)" if plan.timeout is not None else "the strategy's timeout"
     return (
-        f"error: the ranks did not all meet within {wait}: {missing} (torch: {torch_says}).\n"
+        f"the ranks did not all meet within {wait}: {missing} (torch: {torch_says}).\n"
         f"Expected layout:\n{layout}\n"
         "Check that every node started its processes (`squeue`/`sacct`, or the torchrun/python command on each "
         "node), that all use the same MASTER_ADDR/MASTER_PORT, and that the port is reachable from every node."
     )
-
-
-def _int_env(launch: Launch, name: str) -> int | None:
-    value = launch.env.get(name)
-    return int(value) if value and value.isdigit() else None

@@ -16,6 +16,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from app.strategies.layout import Layout
+from core.errors import InvalidValue, with_link
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +50,8 @@ class AllReduceStrategy(DDPStrategy):
         compression: Literal["none", "fp16", "bf16"] = "none",
         **kwargs: Any,
     ) -> None:
-        if bucket_cap_mb < 0:
-            raise ValueError(f"allreduce: bucket_cap_mb must be >= 0 (0 = one call per parameter), got {bucket_cap_mb}")
-        if compression not in _WIRE_DTYPES:
-            raise ValueError(f"allreduce: compression must be one of {sorted(_WIRE_DTYPES)}, got {compression!r}")
+        if problems := self.config_problems({"bucket_cap_mb": bucket_cap_mb, "compression": compression}):
+            raise InvalidValue(problems[0])
         super().__init__(**kwargs)
         self.bucket_cap_mb, self.overlap, self.compression = bucket_cap_mb, overlap, compression
         self._buckets: list[list[nn.Parameter]] = []
@@ -64,6 +63,22 @@ class AllReduceStrategy(DDPStrategy):
         self._has_grad: list[bool] = []  # per launched parameter: did this rank have a gradient
         self._had_grad: Tensor | None = None  # per parameter, after the last bucket: > 0 where any rank had one
         self._averaged = False  # the armed backward has averaged its gradients
+
+    @staticmethod
+    def config_problems(init_args: Any) -> list[str]:
+        """The mistakes in these arguments, each with its fix (the preflight asks before the strategy is built)."""
+        problems, bucket_cap_mb = [], init_args.get("bucket_cap_mb", 25.0)
+        if isinstance(bucket_cap_mb, (int, float)) and bucket_cap_mb < 0:
+            problems.append(
+                f"allreduce: bucket_cap_mb must be >= 0 (0 = one call per parameter), got {bucket_cap_mb}. Fix: "
+                "--trainer.strategy.bucket_cap_mb 25 (the default), or 0 for one all_reduce per parameter."
+            )
+        if (compression := init_args.get("compression", "none")) not in _WIRE_DTYPES:
+            problems.append(
+                f"allreduce: compression must be one of {', '.join(_WIRE_DTYPES)}, got {compression!r}. Fix: "
+                "--trainer.strategy.compression none (or fp16, bf16)."
+            )
+        return [with_link(problem, InvalidValue.help) for problem in problems]
 
     @override
     def configure_ddp(self) -> None:

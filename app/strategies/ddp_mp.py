@@ -16,14 +16,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from lightning.fabric.utilities.apply_func import move_data_to_device
-from lightning.fabric.utilities.distributed import _init_dist_connection
 from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import nn
 from typing_extensions import override
 
+from app.lightning_private import init_dist_connection
 from app.strategies.layout import Layout
+from core.errors import InvalidValue, UserError, with_link
 
 log = logging.getLogger(__name__)
 
@@ -110,11 +111,25 @@ class DDPModelParallelStrategy(DDPStrategy):
     runs_compiled_models = False
 
     def __init__(self, devices_per_process: int = DEVICES_PER_PROCESS, **kwargs: Any) -> None:
-        if devices_per_process < 1:
-            raise ValueError(f"ddp_mp: devices_per_process must be >= 1, got {devices_per_process}")
+        if problems := self.config_problems({"devices_per_process": devices_per_process}):
+            raise InvalidValue(problems[0])
         super().__init__(**kwargs)
         self.devices_per_process = devices_per_process
         self._handles: list[Any] = []
+
+    @staticmethod
+    def config_problems(init_args: Any) -> list[str]:
+        """The mistakes in these arguments, each with its fix (the preflight asks before the strategy is built)."""
+        count = init_args.get("devices_per_process", DEVICES_PER_PROCESS)
+        if not isinstance(count, int) or count >= 1:
+            return []
+        return [
+            with_link(
+                f"ddp_mp: devices_per_process must be >= 1, got {count}. Fix: --trainer.strategy.devices_per_process "
+                f"{DEVICES_PER_PROCESS} (the default), or the GPUs each process should split its model over.",
+                InvalidValue.help,
+            )
+        ]
 
     @property
     def stage_devices(self) -> list[torch.device]:
@@ -125,12 +140,13 @@ class DDPModelParallelStrategy(DDPStrategy):
         k = self.devices_per_process
         start = k * self.local_rank + (self.parallel_devices[0].index or 0)
         count = torch.cuda.device_count()
-        if start + k > count:
-            raise RuntimeError(
+        if start + k > count:  # the preflight refuses this before anything starts; here for Lightning scripts
+            raise UserError(
                 f"ddp_mp: process {self.local_rank} needs GPUs {start}..{start + k - 1} "
                 f"(devices_per_process={k} x {len(self.parallel_devices)} processes per node) but only {count} "
-                f"are visible. Set trainer.devices to the number of processes per node (GPUs / {k}), "
-                "or lower strategy.init_args.devices_per_process."
+                f"are visible. Fix: trainer.devices = the number of processes per node (GPUs / {k}), "
+                "or a lower strategy.init_args.devices_per_process.",
+                help="ddp-mp-gpus",
             )
         return [torch.device("cuda", start + i) for i in range(k)]
 
@@ -180,7 +196,7 @@ class DDPModelParallelStrategy(DDPStrategy):
         self.set_world_ranks()
         self._process_group_backend = self._get_process_group_backend()
         assert self.cluster_environment is not None
-        _init_dist_connection(self.cluster_environment, self._process_group_backend, timeout=self._timeout)
+        init_dist_connection(self.cluster_environment, self._process_group_backend, timeout=self._timeout)
 
     @override
     def determine_ddp_device_ids(self) -> list[int] | None:

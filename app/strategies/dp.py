@@ -6,7 +6,6 @@ gathered on the first GPU, reduced there and logged once. Without CUDA it runs a
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -16,6 +15,8 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from app.strategies.layout import Layout
+from core.env import detect
+from core.errors import UserError
 
 # LightningModule step -> stage name given to ``log_step`` (the protocol of modules.ImageClassifier)
 _STAGES = {"training_step": "train", "validation_step": "val", "test_step": "test"}
@@ -94,13 +95,16 @@ class DataParallelStrategy(ParallelStrategy):
         return len(self.parallel_devices or []) if self.root_device.type == "cuda" else 1
 
     def _refuse_multi_process(self) -> None:
-        # SLURM_STEP_NUM_TASKS is set by srun only: a batch script running plain `python` is one process
-        world = max(int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("SLURM_STEP_NUM_TASKS", 1)))
+        # the preflight refuses this before anything starts; here for a launch it could not see (the step's tasks of
+        # srun, set by srun only: a batch script running plain `python` is one process) and for Lightning scripts
+        launch = detect()
+        world = max(launch.world_size_var or 1, launch.step_tasks or 1)
         if world > 1:
-            raise RuntimeError(
+            raise UserError(
                 f"dp is single-process, but this run was launched as {world} processes (torchrun WORLD_SIZE or srun "
-                "--ntasks). Use --trainer.strategy ddp for one process per GPU, or launch dp as one task "
-                "(srun --ntasks=1 / plain python) that sees all its GPUs."
+                "--ntasks). Fix: --trainer.strategy ddp for one process per GPU, or launch dp as one task "
+                "(srun --ntasks=1 / plain python) that sees all its GPUs.",
+                help="dp-one-process",
             )
 
     @property
@@ -164,7 +168,7 @@ class DataParallelStrategy(ParallelStrategy):
         if self.root_device.type != "cuda":
             return dispatcher  # same code path, no replicas
         if len(self.parallel_devices) > 1 and any(m._compiled_call_impl is not None for m in model.modules()):
-            raise RuntimeError(COMPILE_REFUSED)
+            raise UserError(COMPILE_REFUSED, help="preflight")  # the preflight's problem, when it did not run
         return _DataParallel(dispatcher, device_ids=[d.index for d in self.parallel_devices])
 
     def _run(self, step: str, *args: Any, **kwargs: Any) -> Any:

@@ -161,7 +161,7 @@ def step_of(path: Path) -> int:
 
 @pytest.mark.slow
 def test_sigterm_checkpoints_and_a_kill_during_the_next_save_keeps_it(mnist_dir, tmp_path):
-    from app.cli import main
+    from app.command import main
 
     root = tmp_path / "run"
     last = root / "version_0" / "checkpoints" / "last.ckpt"

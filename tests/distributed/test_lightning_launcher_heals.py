@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.checkpoint import local_folder
+from app.checkpoint.local_copy import local_folder
 from tests.conftest import ROOT, short_fit
 from tests.troubleshooting import assert_documented
 from tools.resume_probe import per_step

@@ -89,10 +89,11 @@ def written(checkpoint: Path, timeout: float = 60) -> None:
     """Until ``checkpoint`` and its SHA-256 are on disk and agree. Rank 0 writes the epoch's checkpoint in the
     background and, on the crash, finishes it before its process goes on; the other ranks did not wait for it (a crash
     is no point where ranks meet), so in this one-process-per-rank harness they wait for the file itself."""
-    from app.checkpoint import checksum_problem, recorded_checksum
+    from app.checkpoint.files import recorded_checksum
+    from app.checkpoint.reading import Reader
 
     deadline = time.monotonic() + timeout
-    while not (checkpoint.is_file() and recorded_checksum(checkpoint) and checksum_problem(checkpoint) is None):
+    while not (checkpoint.is_file() and recorded_checksum(checkpoint) and Reader().intact(checkpoint)):
         assert time.monotonic() < deadline, f"{checkpoint} not written within {timeout:g} s"
         time.sleep(0.1)
 
@@ -108,7 +109,7 @@ def common_args(root: Path, data_dir: str) -> list[str]:
 
 def three_legs(workdir: Path, data_dir: str, extra: list[str]) -> dict:
     """Uninterrupted run; crashed run; resumed run. Returns the max parameter difference and what was resumed."""
-    from app.cli import main
+    from app.command import main
 
     full = main(["fit", *common_args(workdir / "full", data_dir), *extra])
     with pytest.raises(SimulatedCrash):

@@ -2,7 +2,7 @@
 run: the same weights bit for bit, and every rank trained the same samples, in the same order, with the same
 augmentations (a digest of each sample's pixels after its crop and flip, recorded by ``tools.resume_probe.SampleLog``).
 
-Each scenario has three legs through the app's real CLI (``app.cli.main``): the uninterrupted run; the same run that
+Each scenario has three legs through the app's real CLI (``app.command.main``): the uninterrupted run; the same run that
 sends itself SIGTERM so that it stops after a mid-epoch global step; and its resume. Single device runs in this
 process; ``ddp``, every ``allreduce`` variant and ``ddp_mp`` run in one 2-process gloo job (torchrun), all their legs in
 one process group. The modern ImageNet recipe (``configs/imagenet_modern.yaml``: TrivialAugment, random erasing,

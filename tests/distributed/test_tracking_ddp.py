@@ -17,6 +17,7 @@ import pytest
 import torch
 import yaml
 
+from app.checkpoint import RunIdentity
 from tests.conftest import ROOT
 from tests.wandb_reader import offline_runs, requires_wandb, tensorboard_scalars
 
@@ -99,6 +100,6 @@ def test_ddp_job_writes_one_tensorboard_version_and_records_its_identity(ddp_job
     assert len(scalars["val/acc1"]) == 2 and 0.1 < scalars["val/acc1"][-1][1] <= 1.0
     ckpt = torch.load(root / "version_0" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     (run,) = offline_runs(work)
-    identity = dict(ckpt["callbacks"]["TrackingConfigCallback"])
+    identity = RunIdentity.of(ckpt).as_dict()
     assert "trainer:" in identity.pop("config")  # the run's configuration (a resume compares its own with it)
     assert identity == {"tensorboard_version": "version_0", "wandb_id": run.run_id}

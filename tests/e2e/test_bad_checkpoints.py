@@ -2,8 +2,8 @@
 the fix, a non-zero exit, and the run's good ``last.ckpt`` untouched. A checkpoint holding a pickled object that runs
 code is refused by default (the object never runs) and loads only with the explicit ``--trust_checkpoint true``.
 
-All in this process (``app.cli.main``; a ``SystemExit`` carrying a message is what the process prints to stderr before
-exiting with status 1), on one short real MNIST run whose checkpoint every case reuses.
+All in this process (``app.command.main``: its error channel prints the line on stderr and exits with status 1), on one
+short real MNIST run whose checkpoint every case reuses.
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.checkpoint import AtomicCheckpointIO, CheckpointError, UnsafeCheckpointError
-from app.cli import main
-from app.loggers import read_identity
+from app.checkpoint import AtomicCheckpointIO, Checkpoints, UnsafeCheckpointError
+from app.command import main
 from tests.conftest import short_fit
 
 
@@ -43,18 +42,25 @@ def trained(mnist_dir, tmp_path_factory) -> Path:
     return root
 
 
-def refused(*argv: str) -> str:
-    """Runs the CLI, expects it to stop with a one-line message, returns that message."""
-    with pytest.raises(SystemExit) as stop:
-        main(list(argv))
-    message = str(stop.value.code)
-    assert isinstance(stop.value, CheckpointError) and message.startswith("error: --ckpt_path"), message
-    assert "\n" not in message and "Fix:" in message, message
-    return message
+@pytest.fixture
+def refused(capsys):
+    """Runs the CLI, expects it to stop with status 1 and a one-line message; returns that message."""
+
+    def run(*argv: str) -> str:
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as stop:
+            main(list(argv))
+        err = capsys.readouterr().err
+        (message,) = [line for line in err.splitlines() if line.startswith("error:")]  # one line, no traceback
+        assert stop.value.code == 1 and message.startswith("error: --ckpt_path") and "Traceback" not in err, err
+        assert "Fix:" in message, message
+        return message
+
+    return run
 
 
 @pytest.mark.slow
-def test_unusable_checkpoints_stop_before_anything_is_built(trained, mnist_dir, tmp_path):
+def test_unusable_checkpoints_stop_before_anything_is_built(trained, mnist_dir, tmp_path, refused):
     last = trained / "version_0" / "checkpoints" / "last.ckpt"
     good_bytes, good_mtime = last.read_bytes(), last.stat().st_mtime_ns
 
@@ -88,7 +94,7 @@ def test_unusable_checkpoints_stop_before_anything_is_built(trained, mnist_dir, 
 
 
 @pytest.mark.slow
-def test_checkpoint_with_code_is_refused_unless_trusted(trained, mnist_dir, tmp_path):
+def test_checkpoint_with_code_is_refused_unless_trusted(trained, mnist_dir, tmp_path, refused):
     marker = tmp_path / "code-ran"
     evil = tmp_path / "evil.ckpt"
     checkpoint = torch.load(trained / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)
@@ -100,7 +106,8 @@ def test_checkpoint_with_code_is_refused_unless_trusted(trained, mnist_dir, tmp_
         AtomicCheckpointIO().load_checkpoint(evil)
     shutil.copy(evil, trained / "hpc_ckpt_1.ckpt")  # what SLURM resumes from without asking: read for the run id
     try:
-        assert read_identity(trained / "hpc_ckpt_1.ckpt") == {}
+        read = Checkpoints(trained).read(trained / "hpc_ckpt_1.ckpt")
+        assert read.holds_code and read.state is None and read.identity.as_dict() == {}
     finally:
         (trained / "hpc_ckpt_1.ckpt").unlink()
     assert not marker.exists(), "refusing the checkpoint ran its code"

@@ -13,7 +13,7 @@ import torch
 import torchvision
 
 import datamodules.mnist as mnist_module
-from app.cli import main
+from app.command import main
 from core.errors import DOCS_URL
 from datamodules.mnist import FILES, find_file
 from tests.conftest import run_cli

@@ -16,7 +16,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
 from app.callbacks import DEFAULTS, Throughput
-from app.cli import main
+from app.command import main
 from modules import ImageClassifier
 
 ROOT = Path(__file__).resolve().parents[2]

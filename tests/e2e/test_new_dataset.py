@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from app.cli import main
+from app.command import main
 from core.datamodule import ImageData
 from datamodules.base import ImageDataModule, Workers
 

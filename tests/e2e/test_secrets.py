@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.cli import main
+from app.command import main
 from tests.conftest import ROOT
 from tests.wandb_reader import offline_runs, requires_wandb
 

@@ -21,13 +21,20 @@ import torch
 import yaml
 from jsonargparse import Namespace
 
+from app.checkpoint import Checkpoints, From, RunIdentity
 from app.loggers import prepare_loggers
-from app.resume import apply, decide
 from core.env import detect
 from tests.conftest import ROOT
 from tests.wandb_reader import offline_runs, requires_wandb, tensorboard_scalars
 
 FAKE_KEY = "fake0key" + "5" * 32  # 40 characters, the shape of a real W&B API key
+
+
+def save_with_identity(path: Path, identity: RunIdentity) -> None:
+    """A (tiny) checkpoint holding only a run identity, as the app writes it."""
+    checkpoint: dict = {}
+    identity.save_in(checkpoint)
+    torch.save(checkpoint, path)
 
 
 def _cli(args: list[str], env: dict, cwd: Path, **popen) -> subprocess.Popen:
@@ -67,7 +74,7 @@ def test_killed_job_resumes_the_same_wandb_run_and_tensorboard_version_without_l
     assert last.is_file(), (tmp_path / "first.log").read_text()[-3000:]
     saved = torch.load(last, map_location="cpu", weights_only=False)
     (killed_run,) = offline_runs(tmp_path)
-    identity = dict(saved["callbacks"]["TrackingConfigCallback"])
+    identity = RunIdentity.of(saved).as_dict()
     config = yaml.safe_load(identity.pop("config"))  # the run's configuration, which a resume compares with its own
     assert identity == {"tensorboard_version": "version_0", "wandb_id": killed_run.run_id}
     assert config["trainer"]["max_epochs"] == 1000, config["trainer"]
@@ -99,9 +106,8 @@ def test_requeued_slurm_job_continues_the_run_of_its_hpc_checkpoint(tmp_path):
     """SLURM requeue resumes from ``<root>/hpc_ckpt_N.ckpt`` (Lightning picks the newest); the loggers follow it."""
     root = tmp_path / "run"
     root.mkdir()
-    identity = {"tensorboard_version": "version_3", "wandb_id": "abc123xy"}
-    torch.save({"callbacks": {"TrackingConfigCallback": identity}}, root / "hpc_ckpt_2.ckpt")
-    torch.save({"callbacks": {"TrackingConfigCallback": {"wandb_id": "older"}}}, root / "hpc_ckpt_1.ckpt")
+    save_with_identity(root / "hpc_ckpt_2.ckpt", RunIdentity(tensorboard_version="version_3", wandb_id="abc123xy"))
+    save_with_identity(root / "hpc_ckpt_1.ckpt", RunIdentity(wandb_id="older"))
 
     def config(ckpt_path, default_root_dir=root):
         loggers = [
@@ -112,7 +118,7 @@ def test_requeued_slurm_job_continues_the_run_of_its_hpc_checkpoint(tmp_path):
         return Namespace(trainer=trainer, ckpt_path=ckpt_path)
 
     requeued = config("hpc")
-    prepare_loggers(requeued, "fit", decide(requeued, "fit", detect({})).path)
+    prepare_loggers(requeued, "fit", Checkpoints.of(requeued).decide("hpc", "fit", detect({})))
     tb, wb = requeued.trainer.logger
     assert (tb.init_args.version, wb.init_args.id) == ("version_3", "abc123xy")
 
@@ -121,7 +127,7 @@ def test_requeued_slurm_job_continues_the_run_of_its_hpc_checkpoint(tmp_path):
     other.mkdir()
     shutil.copy(root / "hpc_ckpt_2.ckpt", other / "weights.ckpt")
     fresh = config(str(other / "weights.ckpt"))
-    prepare_loggers(fresh, "fit", other / "weights.ckpt")
+    prepare_loggers(fresh, "fit", Checkpoints.of(fresh).decide(fresh.ckpt_path, "fit", detect({})))
     assert [lg.init_args.get("version", lg.init_args.get("id")) for lg in fresh.trainer.logger] == [None, None]
 
 
@@ -132,8 +138,8 @@ def test_restarted_torchrun_job_resumes_the_newest_last_checkpoint_of_its_own_jo
     saved = {"version_0": "job-a", "version_1": "job-b", "version_2": "job-a", "version_3": "none"}
     for version, job in saved.items():  # written in this order: version_3 is the newest file
         (root / version / "checkpoints").mkdir(parents=True)
-        identity = {"tensorboard_version": version, "wandb_id": f"w{version[-1]}", "torchrun_job": job}
-        torch.save({"callbacks": {"TrackingConfigCallback": identity}}, root / version / "checkpoints" / "last.ckpt")
+        identity = RunIdentity(tensorboard_version=version, wandb_id=f"w{version[-1]}", torchrun_job=job)
+        save_with_identity(root / version / "checkpoints" / "last.ckpt", identity)
         time.sleep(0.01)  # distinct modification times
 
     def config(ckpt_path=None):
@@ -147,13 +153,17 @@ def test_restarted_torchrun_job_resumes_the_newest_last_checkpoint_of_its_own_jo
     def launch(job, restart):
         return detect({"TORCHELASTIC_RUN_ID": job, "TORCHELASTIC_RESTART_COUNT": str(restart), "WORLD_SIZE": "2"})
 
+    def decision(cfg, subcommand, launch):
+        return Checkpoints.of(cfg).apply(cfg, subcommand, launch)
+
     def resume_torchrun_job(cfg, subcommand, launch):  # the file the resume decision picked for a torchrun restart
-        decision = apply(cfg, subcommand, launch)
-        return decision.path if decision.source == "torchrun" else None
+        found = decision(cfg, subcommand, launch)
+        return found.path if found.source is From.TORCHRUN else None
 
     restarted = config()
-    assert resume_torchrun_job(restarted, "fit", launch("job-a", 1)) == root / "version_2/checkpoints/last.ckpt"
-    prepare_loggers(restarted, "fit", Path(restarted.ckpt_path))
+    found = decision(restarted, "fit", launch("job-a", 1))
+    assert found.path == root / "version_2/checkpoints/last.ckpt"
+    prepare_loggers(restarted, "fit", found)
     tb, wb = restarted.trainer.logger
     assert (restarted.ckpt_path, tb.init_args.version, wb.init_args.id) == (
         str(root / "version_2/checkpoints/last.ckpt"),

@@ -1,8 +1,8 @@
 """Each mistake of docs/troubleshooting.md, made as a user makes it: one ``error:`` line that matches the page's quote
 and ends with the link to its section, a non-zero exit, nothing started.
 
-Mistakes found before anything is built run in this process (``app.cli.main``: a ``SystemExit`` carrying a message is
-what Python prints to stderr). The four of issue 26 run as real ``python cli.py`` processes, to show the exit status,
+Mistakes found before anything is built run in this process (``app.command.main``: its error channel prints the line on
+stderr and exits). The four of issue 26 run as real ``python cli.py`` processes, to show the exit status,
 the absent traceback and, with two processes, the line on every rank.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.cli import main
+from app.command import main
 from tests.conftest import ROOT, run_cli
 from tests.troubleshooting import assert_documented
 from tools.photos import build_photo_imagenet

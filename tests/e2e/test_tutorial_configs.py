@@ -11,7 +11,7 @@ import re
 import pytest
 import yaml
 
-from app.cli import main
+from app.command import main
 from tests.conftest import ROOT, run_cli
 from tests.wandb_reader import tensorboard_scalars
 

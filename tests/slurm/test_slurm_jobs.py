@@ -19,7 +19,7 @@ from tools.resume_probe import per_step
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.xdist_group("timing")]
 
-EPOCHS, BATCHES = 2, 100
+EPOCHS, BATCHES = 2, 50  # 100 steps: each attempt of the requeue jobs pays its start-up anyway
 HOLD = BATCHES + 20  # the step of the second epoch at which the SIGUSR1 job waits for the signal
 HOLD_CALLBACK = "tests.slurm.test_slurm_jobs.HoldUntilSignalled"
 
@@ -156,9 +156,9 @@ def test_four_faults_in_turn_each_requeue_the_job_which_ends_as_the_uninterrupte
     run folder."""
     probe = "--trainer.callbacks+=tools.resume_probe."
     faults = [f"{probe}DieStarting", "--trainer.callbacks.attempt", "0"]
-    faults += [f"{probe}HangAt", "--trainer.callbacks.step", "50", "--trainer.callbacks.attempt", "1"]
+    faults += [f"{probe}HangAt", "--trainer.callbacks.step", "25", "--trainer.callbacks.attempt", "1"]
     faults += [f"{probe}KillLoaderWorkerAt", "--trainer.callbacks.step", str(HOLD), "--trainer.callbacks.attempt", "2"]
-    faults += [f"{probe}SignalAt", "--trainer.callbacks.step", "170", "--trainer.callbacks.rank", "1"]
+    faults += [f"{probe}SignalAt", "--trainer.callbacks.step", "85", "--trainer.callbacks.rank", "1"]
     faults += ["--trainer.callbacks.sigkill", "true", "--trainer.callbacks.attempt", "3"]
     args = [*fit_args(mnist_dir, tmp_path), *faults, "--launch.max_restarts", "4", "--launch.hang_timeout", "10"]
     args += ["--checkpoint.every_n_train_steps", "20", "--data.num_workers", "1"]
@@ -192,8 +192,8 @@ def test_your_own_sbatch_script_with_requeue_is_requeued_by_the_app_after_each_f
     uninterrupted job, bit for bit, in one run folder."""
     probe = "--trainer.callbacks+=tools.resume_probe."
     args = [*fit_args(mnist_dir, tmp_path), f"{probe}DieStarting", "--trainer.callbacks.attempt", "0"]
-    args += [f"{probe}HangAt", "--trainer.callbacks.step", "150", "--trainer.callbacks.attempt", "1"]
-    args += [f"{probe}SignalAt", "--trainer.callbacks.step", "170", "--trainer.callbacks.rank", "1"]
+    args += [f"{probe}HangAt", "--trainer.callbacks.step", "75", "--trainer.callbacks.attempt", "1"]
+    args += [f"{probe}SignalAt", "--trainer.callbacks.step", "85", "--trainer.callbacks.rank", "1"]
     args += ["--trainer.callbacks.sigkill", "true", "--trainer.callbacks.attempt", "2"]
     args += ["--launch.max_restarts", "3", "--launch.hang_timeout", "10", "--launch.timeout", "30"]
     args += ["--checkpoint.every_n_train_steps", "20", "--trainer.devices", "2", "--trainer.accelerator", "cpu"]

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from app.cli import main
+from app.command import main
 from app.launch.preflight import build, machine_problems
 from core.env import detect
 from tests.conftest import ROOT

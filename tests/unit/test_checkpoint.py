@@ -13,7 +13,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from app.callbacks import RNGState
 from app.checkpoint import AtomicCheckpointIO, UnsafeCheckpointError
-from app.cli import main
+from app.command import main
 from datamodules import MNISTDataModule
 from modules import ImageClassifier
 

@@ -11,12 +11,17 @@ import pytest
 import torch
 from jsonargparse import Namespace
 
-from app.resume import apply
-from app.run_dir import find_last_checkpoint, hpc_checkpoint
+from app.checkpoint import CheckpointError, Checkpoints, From, RunIdentity
+from app.checkpoint.manager import hpc_checkpoints, last_checkpoints
 from core.env import Launch
-from core.errors import DOCS_URL
+from core.errors import DOCS_URL, error_line
 
 NO_LAUNCHER = Launch()
+
+
+def apply(config: Namespace, subcommand: str, launch: Launch):
+    """The resume decision of a new start (a new reader: nothing read yet) for ``config``, applied to it."""
+    return Checkpoints.of(config).apply(config, subcommand, launch)
 
 
 def resolve_last(config: Namespace, subcommand: str) -> Path | None:
@@ -24,6 +29,14 @@ def resolve_last(config: Namespace, subcommand: str) -> Path | None:
     given = config.ckpt_path
     decision = apply(config, subcommand, NO_LAUNCHER)
     return decision.path if given == "last" else None
+
+
+def find_last_checkpoint(root: Path, dirpath: Path | None = None) -> Path | None:
+    return next(iter(last_checkpoints(root, dirpath)), None)
+
+
+def hpc_checkpoint(root: Path) -> Path | None:
+    return next(iter(hpc_checkpoints(root)), None)
 
 
 def saved(path: Path, mtime: int, step: int = 0) -> Path:
@@ -81,9 +94,9 @@ def test_last_without_a_checkpoint_starts_fit_from_scratch_and_stops_the_others(
     cfg = config(tmp_path, "last")
     assert resolve_last(cfg, "fit") is None and cfg.ckpt_path is None
     cfg = config(tmp_path, "last")
-    with pytest.raises(SystemExit) as stop:
+    with pytest.raises(CheckpointError) as stop:
         resolve_last(cfg, "test")
-    assert str(stop.value.code) == (
+    assert error_line(stop.value) == (
         f"error: --ckpt_path last: no checkpoint found in {tmp_path}/version_*/checkpoints/ or {tmp_path}/checkpoints/ "
         "(runs with --trainer.logger false). Train first with "
         "`python cli.py fit` (same --trainer.default_root_dir), or pass --ckpt_path FILE. "
@@ -110,9 +123,9 @@ def test_last_searches_the_checkpoint_dirpath_too_and_names_every_folder_it_sear
     fresh = cfg()
     assert resolve_last(fresh, "fit") is None and fresh.ckpt_path is None
     assert f"--ckpt_path last: no last.ckpt in {searched} yet; starting from scratch." in caplog.messages
-    with pytest.raises(SystemExit) as stop:
+    with pytest.raises(CheckpointError) as stop:
         resolve_last(cfg(), "validate")
-    assert str(stop.value.code).startswith(f"error: --ckpt_path last: no checkpoint found in {searched}. ")
+    assert error_line(stop.value).startswith(f"error: --ckpt_path last: no checkpoint found in {searched}. ")
     in_run = saved(root / "version_0" / "checkpoints" / "last.ckpt", 1_000)
     newer = saved(elsewhere / "last.ckpt", 2_000)
     found = cfg()
@@ -158,7 +171,7 @@ def test_an_explicit_corrupt_checkpoint_is_refused_never_replaced(tmp_path):
     named.write_bytes(b"PK\x03\x04 truncated")
     cfg = config(tmp_path, str(named))
     decision = apply(cfg, "fit", NO_LAUNCHER)
-    assert (decision.path, decision.source, cfg.ckpt_path) == (named, "file", str(named))
+    assert (decision.path, decision.source, cfg.ckpt_path) == (named, From.FILE, str(named))
 
 
 def test_a_requeued_slurm_job_resumes_its_own_newest_checkpoint_hpc_or_last(tmp_path):
@@ -168,7 +181,9 @@ def test_a_requeued_slurm_job_resumes_its_own_newest_checkpoint_hpc_or_last(tmp_
 
     def identity(path: Path, job: str, mtime: int) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"callbacks": {"TrackingConfigCallback": {"slurm_job": job}}}, path)
+        checkpoint: dict = {}
+        RunIdentity(slurm_job=job).save_in(checkpoint)
+        torch.save(checkpoint, path)
         os.utime(path, (mtime, mtime))
         return path
 
@@ -181,7 +196,7 @@ def test_a_requeued_slurm_job_resumes_its_own_newest_checkpoint_hpc_or_last(tmp_
         return detect({**env, "SLURM_NNODES": "1", "SLURM_TASKS_PER_NODE": "2", "SLURM_JOB_NODELIST": "n1"})
 
     decision = apply(config(tmp_path, None), "fit", slurm(1))
-    assert (decision.path, decision.source) == (own, "slurm"), decision
+    assert (decision.path, decision.source) == (own, From.SLURM), decision
     assert decision.why == "SLURM requeue 1: the newest checkpoint of job 77"
     os.utime(hpc, (4_000, 4_000))  # preempted after that save: the hpc_ckpt is the newest state
     assert apply(config(tmp_path, None), "fit", slurm(1)).path == hpc
@@ -204,7 +219,7 @@ def test_a_restart_with_nothing_saved_continues_the_run_folder_its_job_started(t
 
     ours = started("version_0", "torchrun_job", "abc", 1_000)
     started("version_1", "torchrun_job", "other", 2_000)  # another job's, newer
-    slurm_folder = started("version_2", "slurm_job_id", "77", 500)
+    slurm_folder = started("version_2", "slurm_job", "77", 500)
 
     def torchrun(restarts: int, job: str = "abc"):
         return detect({"TORCHELASTIC_RUN_ID": job, "TORCHELASTIC_RESTART_COUNT": str(restarts), "RANK": "0",

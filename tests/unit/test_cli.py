@@ -8,7 +8,8 @@ import torch
 import yaml
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from app.cli import main
+from app.command import main
+from app.launch.preflight import PreflightError
 from datamodules import MNISTDataModule
 from modules import ImageClassifier
 from tests.wandb_reader import requires_wandb
@@ -38,7 +39,7 @@ def test_top_level_configs_parse(config, tmp_path):
     args = ("--config", str(config))
     fp16 = (yaml.safe_load(config.read_text()).get("trainer") or {}).get("precision") == "16-mixed"
     if fp16 and not torch.cuda.is_available():  # parsed, then refused by the preflight; the rest is checked in fp32
-        with pytest.raises(SystemExit, match="16-mixed .* needs a CUDA GPU"):
+        with pytest.raises(PreflightError, match="16-mixed .* needs a CUDA GPU"):
             instantiate(*args, tmp_path=tmp_path)
         args += ("--trainer.precision", "32-true")
     cli = instantiate(*args, tmp_path=tmp_path)
@@ -53,7 +54,7 @@ def test_top_level_configs_parse(config, tmp_path):
 def test_fragments_stack_on_the_default(fragment, tmp_path):
     args = ("--config", str(CONFIGS / "mnist.yaml"), "--config", str(fragment))
     if fragment.stem == "fp16_mixed" and not torch.cuda.is_available():  # parsed, then refused by the preflight
-        with pytest.raises(SystemExit, match="16-mixed .* needs a CUDA GPU"):
+        with pytest.raises(PreflightError, match="16-mixed .* needs a CUDA GPU"):
             instantiate(*args, tmp_path=tmp_path)
         return
     cli = instantiate(*args, tmp_path=tmp_path)

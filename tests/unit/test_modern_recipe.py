@@ -16,7 +16,7 @@ from torch.utils.data import DistributedSampler
 from torchvision.transforms import v2
 
 from app.callbacks import EMA
-from app.callbacks.ema import torchvision_adjusted
+from core.batch import torchvision_adjusted
 from datamodules import MNISTDataModule
 from datamodules.augment import (
     MEAN_LEVELS,

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from app.cli import main
+from app.command import main
 from app.launch.checks import launch_problems, machine_problems
 from app.launch.plan import Plan
 from app.launch.preflight import PreflightError, build
@@ -155,8 +155,8 @@ def test_the_cli_stops_every_rank_before_the_trainer_exists(monkeypatch, tmp_pat
         monkeypatch.setenv(key, value)
     with pytest.raises(PreflightError) as stopped:
         main(["--trainer.default_root_dir", str(tmp_path), "--trainer.devices", "2", "--trainer.num_nodes", "2"], False)
-    assert stopped.value.code != 0 and "nothing was started" in str(stopped.value.code)
-    assert "Fix: `--trainer.devices 4`" in str(stopped.value.code)
+    assert stopped.value.exit_code != 0 and "nothing was started" in str(stopped.value)
+    assert "Fix: `--trainer.devices 4`" in str(stopped.value)
     assert not list(tmp_path.iterdir())
 
 
@@ -232,20 +232,19 @@ def test_max_restarts_hands_a_one_node_multi_process_fit_to_the_agent_and_is_a_n
         ), (why, plan.notes)
 
 
-def test_max_restarts_under_slurm_is_the_requeue_budget_of_the_app_or_of_the_batch_script(config_of, monkeypatch):
+def test_max_restarts_under_slurm_is_the_requeue_budget_of_the_app_or_of_the_batch_script(config_of):
     """Under SLURM, --launch.max_restarts is how many times a fault requeues the job: by the app in a batch script of
     the user's own, by the script of `tools.slurm submit` in its own (which tells the app so); the plan says which, and
     the rendered script requeues only while fewer requeues were made (and never twice)."""
     from tools.sbatch import Job
 
     config = config_of("--trainer.devices", "4", "--trainer.num_nodes", "2")
-    monkeypatch.delenv("DPTRAIN_REQUEUE_BY", raising=False)
     plan = build(config, launch=detect({**SLURM_2x4, "SLURM_RESTART_COUNT": "1"}), max_restarts=2)
     (note,) = [n for n in plan.notes if n.startswith("--launch.max_restarts 2:")]
     assert "a fault requeues the job, done by the app (scontrol requeue), while fewer than 2 requeues were made (1 " \
         "so far)" in note and "needs --requeue" in note, note  # fmt: skip
-    monkeypatch.setenv("DPTRAIN_REQUEUE_BY", "script")
-    plan = build(config, launch=detect({**SLURM_2x4, "SLURM_RESTART_COUNT": "1"}), max_restarts=2)
+    script = {**SLURM_2x4, "SLURM_RESTART_COUNT": "1", "DPTRAIN_REQUEUE_BY": "script"}  # tools.slurm's script
+    plan = build(config, launch=detect(script), max_restarts=2)
     assert any("done by the batch script" in n for n in plan.notes), plan.notes
     script = Job(command=["fit"], max_restarts=2).render()
     assert "export DPTRAIN_REQUEUE_BY=script" in script

@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.cli import main
+from app.command import main
+from app.launch.preflight import PreflightError
+from core.errors import error_line
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "precision"
 FAST = [
@@ -32,9 +34,9 @@ def test_every_fragment_is_covered():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")
 def test_fp16_mixed_on_cpu_stops_with_the_fix(mnist_dir, tmp_path, capsys):
     args = ["--config", str(CONFIGS / "fp16_mixed.yaml"), *FAST, "--data.data_dir", str(mnist_dir)]
-    with pytest.raises(SystemExit) as exc:
+    with pytest.raises(PreflightError) as exc:
         main([*args, "--trainer.default_root_dir", str(tmp_path)], run=False)
-    message = str(exc.value.code) + capsys.readouterr().err
+    message = error_line(exc.value)
     assert "16-mixed" in message and "needs a CUDA GPU" in message and "--trainer.precision bf16-mixed" in message
 
 

@@ -6,7 +6,7 @@ import logging
 import sys
 import warnings
 
-from app.cli import main
+from app.command import main
 from app.quiet import silence_known_noise
 from datamodules import MNISTDataModule
 from modules import ImageClassifier

@@ -11,7 +11,7 @@ import pytest
 import torch.distributed as dist
 
 from app.launch.preflight import build
-from app.launch.rendezvous import hold_port, release_port
+from app.launch.rendezvous import HeldPort
 from core.env import detect
 from tools.slurm import resolve_config
 
@@ -26,14 +26,16 @@ def plan(*args: str, env: dict | None = None):
 
 
 @pytest.fixture
-def no_master_port(monkeypatch):
+def held(monkeypatch):
+    """The command's port holder (released at the end, as the command does)."""
     monkeypatch.delenv("MASTER_PORT", raising=False)
-    yield
-    release_port()
+    port = HeldPort()
+    yield port
+    port.release()
 
 
-def test_the_held_port_is_nobody_elses_until_the_run_ends(no_master_port):
-    port = hold_port(plan("--trainer.devices", "2", "--trainer.strategy", "ddp"))
+def test_the_held_port_is_nobody_elses_until_the_run_ends(held):
+    port = held.hold(plan("--trainer.devices", "2", "--trainer.strategy", "ddp"))
     assert port and os.environ["MASTER_PORT"] == str(port)  # what the ranks Lightning starts inherit
     with socket.socket() as other, pytest.raises(OSError, match="in use"):
         other.bind(("", port))
@@ -47,7 +49,7 @@ def test_the_held_port_is_nobody_elses_until_the_run_ends(no_master_port):
     store.set("rank0", "here")
     assert store.get("rank0") == b"here"
     del store
-    release_port()
+    held.release()
     assert "MASTER_PORT" not in os.environ
     with socket.socket() as other:
         other.bind(("", port))  # free again once the run is over
@@ -61,10 +63,9 @@ def test_the_held_port_is_nobody_elses_until_the_run_ends(no_master_port):
         (["--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.num_nodes", "2"], {}),  # you give it
     ],
 )
-def test_nothing_is_held_where_the_launcher_or_you_choose_the_port(no_master_port, args, env):
-    assert hold_port(plan(*args, env=env)) is None
+def test_nothing_is_held_where_the_launcher_or_you_choose_the_port(held, args, env):
+    assert held.hold(plan(*args, env=env)) is None
 
 
-def test_a_master_port_you_set_is_kept(monkeypatch):
-    monkeypatch.setenv("MASTER_PORT", "29511")
-    assert hold_port(plan("--trainer.devices", "2", "--trainer.strategy", "ddp")) is None
+def test_a_master_port_you_set_is_kept(held):
+    assert held.hold(plan("--trainer.devices", "2", "--trainer.strategy", "ddp", env={"MASTER_PORT": "29511"})) is None

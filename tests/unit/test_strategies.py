@@ -1,6 +1,7 @@
 """The strategies in one process: names, argument checks, bucketing, the model split, and dp's CPU code path."""
 
 import logging
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -9,14 +10,15 @@ import torch
 from lightning.pytorch import seed_everything
 from lightning.pytorch.strategies import DDPStrategy
 
-from app.cli import main
+from app.command import main
 from app.strategies import AllReduceStrategy, DataParallelStrategy, DDPModelParallelStrategy
 from app.strategies.ddp_mp import balance, split_units
 from app.strategies.layout import layout_of
+from core.errors import InvalidValue, UserError
 from datamodules import MNISTDataModule
 from modules import ImageClassifier
 from modules.zoo import build
-from tests.conftest import fast_trainer
+from tests.conftest import fast_trainer, short_fit
 
 
 @pytest.mark.parametrize(
@@ -59,11 +61,12 @@ def test_strategy_fragments_carry_their_knobs(tmp_path):
 
 
 def test_mistakes_name_the_argument():
-    with pytest.raises(ValueError, match="bucket_cap_mb must be >= 0"):
+    """A user's mistake is a UserError with its section (one line from the CLI), still a ValueError for scripts."""
+    with pytest.raises(InvalidValue, match="bucket_cap_mb must be >= 0"):
         AllReduceStrategy(bucket_cap_mb=-1)
     with pytest.raises(ValueError, match="compression must be one of"):
         AllReduceStrategy(compression="int8")
-    with pytest.raises(ValueError, match="devices_per_process must be >= 1"):
+    with pytest.raises(InvalidValue, match="devices_per_process must be >= 1"):
         DDPModelParallelStrategy(devices_per_process=0)
 
 
@@ -71,8 +74,37 @@ def test_ddp_mp_without_enough_gpus_says_how_to_fix_it():
     strategy = DDPModelParallelStrategy(devices_per_process=2, parallel_devices=[torch.device("cuda", 0)])
     if torch.cuda.device_count() >= 2:
         pytest.skip("this machine has the GPUs")
-    with pytest.raises(RuntimeError, match="Set trainer.devices to the number of processes per node"):
+    with pytest.raises(UserError, match="Fix: trainer.devices = the number of processes per node") as stopped:
         _ = strategy.root_device
+    assert stopped.value.help == "ddp-mp-gpus"
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "said"),
+    [
+        (["--trainer.strategy", "app.strategies.AllReduceStrategy", "--trainer.strategy.bucket_cap_mb", "-1"], {},
+         "allreduce: bucket_cap_mb must be >= 0 (0 = one call per parameter), got -1.0. Fix: "),
+        (["--trainer.strategy", "app.strategies.DDPModelParallelStrategy", "--trainer.strategy.devices_per_process",
+          "0", "--trainer.devices", "2"], {}, "ddp_mp: devices_per_process must be >= 1, got 0. Fix: "),
+        # srun --ntasks 2 of a batch script without SLURM_NTASKS (the preflight sees no SLURM launch): dp's own check
+        (["--trainer.strategy", "dp"], {"SLURM_STEP_NUM_TASKS": "2"},
+         "dp is single-process, but this run was launched as 2 processes (torchrun WORLD_SIZE or srun --ntasks). "),
+    ],
+)  # fmt: skip
+def test_each_strategy_mistake_is_one_error_line_and_no_traceback(mnist_dir, tmp_path, capsys, monkeypatch, args, env,
+                                                                  said):  # fmt: skip
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(sys, "argv", ["cli.py"])
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", *short_fit(tmp_path, mnist_dir, 1, 1), *args])
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert stopped.value.code == 1 and len(errors) == 1 and "Traceback" not in err, err[-3000:]
+    # the preflight names a wrong argument before the strategy is built (its own check, the one __init__ runs); dp's
+    # launch is found as the strategy sets up
+    (line,) = [line for line in err.splitlines() if said in line]
+    assert line.endswith(("#invalid-value", "#dp-one-process")), line
 
 
 def test_a_restarted_torchrun_attempt_binds_nccl_as_the_strategy_would():
@@ -142,5 +174,5 @@ def test_dp_runs_fit_validate_test_predict_on_cpu_and_equals_single_device(mnist
 def test_dp_refuses_a_multi_process_launch(mnist_dir, tmp_path, monkeypatch, variable):
     monkeypatch.setenv(variable, "2")
     trainer = fast_trainer(tmp_path, strategy="dp")
-    with pytest.raises(RuntimeError, match="Use --trainer.strategy ddp"):
+    with pytest.raises(UserError, match="Fix: --trainer.strategy ddp"):
         trainer.fit(ImageClassifier(), MNISTDataModule(data_dir=str(mnist_dir), batch_size=32))

@@ -9,7 +9,7 @@ from pathlib import Path
 import lightning.fabric.utilities.data
 import pytest
 
-from app.cli import main
+from app.command import main
 from tests.conftest import short_fit
 
 

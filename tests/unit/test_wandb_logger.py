@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from jsonargparse import Namespace
 
-from app.cli import main
+from app.command import main
 from app.loggers import TensorBoardLogger, WandbLogger, prepare_loggers, redact, wandb_mode
 from tests.troubleshooting import assert_documented
 from tests.wandb_reader import offline_runs, requires_wandb
@@ -83,14 +83,15 @@ def test_without_wandb_installed_the_app_runs_and_the_wandb_logger_says_how_to_i
     code = f"""
 import sys
 sys.modules["wandb"] = None
-from app.cli import main
+from app.command import main
 cli = main(["--trainer.default_root_dir", {str(tmp_path)!r}], run=False)
 print("default config ok:", type(cli.trainer.logger).__name__)
+from core.errors import UserError, error_line
 try:
     main(["--config", {WANDB_CONFIG!r}, "--trainer.default_root_dir", {str(tmp_path)!r}], run=False)
-except SystemExit as err:
+except UserError as err:
     print("exit:")
-    print(err.code)
+    print(error_line(err))
 """
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -1,4 +1,5 @@
-"""The run's checkpoint callback: Lightning's ``ModelCheckpoint``, configured by the ``--checkpoint.*`` CLI group."""
+"""When the run saves: Lightning's ``ModelCheckpoint``, configured by the ``--checkpoint.*`` CLI group. How a save is
+written (atomically, in the background, copied to the node) is the checkpoint package's (:mod:`app.checkpoint`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,11 @@ from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
 from app.callbacks import agree
-from app.checkpoint import AtomicCheckpointIO, BackgroundSaves, remove_local_copies
+from app.checkpoint import AtomicCheckpointIO, BackgroundSaves
+from app.checkpoint.background import atomic_io
+from app.checkpoint.local_copy import remove_local_copies, restarts_in_place
+from app.lightning_private import should_accumulate
+from core.env import detect
 
 INTERVAL = "interval_save"  # the agreement's flag: rank 0's interval has elapsed
 
@@ -46,7 +51,7 @@ class ModelCheckpoint(callbacks.ModelCheckpoint):
     ``background`` (default on): the saves during training are written by a thread
     (:class:`app.checkpoint.BackgroundSaves`); training stops only to copy the state to host memory. The save at the
     end of ``fit`` is waited for. ``local_copy``: each ``last.ckpt`` is also copied to the node's own storage, which
-    a restart on the same node reads first (:func:`app.checkpoint.readable_copy`); by default only when the launcher
+    a restart on the same node reads first (:mod:`app.checkpoint.local_copy`); by default only when the launcher
     restarts the processes in place (``--launch.max_restarts`` under Lightning's launcher, ``torchrun
     --max-restarts``), and removed when the fit ends.
     """
@@ -86,7 +91,7 @@ class ModelCheckpoint(callbacks.ModelCheckpoint):
         optimizer step's end (never inside an accumulation: the flag stays up until one), not saved already."""
         if not self._watching or not agree.any_rank(trainer, INTERVAL):
             return False
-        return not trainer.fit_loop.epoch_loop._should_accumulate() and not self._should_skip_saving_checkpoint(trainer)
+        return not should_accumulate(trainer) and not self._should_skip_saving_checkpoint(trainer)
 
     @override
     def setup(self, trainer, pl_module, stage: str) -> None:
@@ -95,18 +100,17 @@ class ModelCheckpoint(callbacks.ModelCheckpoint):
             self.dirpath = os.path.realpath(os.path.expanduser(self.dirpath))
         self._ending = False
         io = trainer.strategy.checkpoint_io
-        atomic = _atomic(io)
+        atomic = atomic_io(io)
         if stage != "fit" or not isinstance(atomic, AtomicCheckpointIO):
             return
-        restarts_in_place = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS") or 0) > 0
-        atomic.local_copy = restarts_in_place if self.local_copy is None else self.local_copy
+        atomic.local_copy = restarts_in_place(detect()) if self.local_copy is None else self.local_copy
         if self.background and not isinstance(io, BackgroundSaves):
             trainer.strategy.checkpoint_io = BackgroundSaves(atomic)
 
     @override
     def teardown(self, trainer, pl_module, stage: str) -> None:
         super().teardown(trainer, pl_module, stage)
-        local = getattr(_atomic(trainer.strategy.checkpoint_io), "local_copy", False)
+        local = getattr(atomic_io(trainer.strategy.checkpoint_io), "local_copy", False)
         finished = self._ending and not trainer.interrupted  # training ended (not an exception): nothing restarts
         if stage == "fit" and finished and local and trainer.is_global_zero:
             remove_local_copies(Path(self.dirpath))
@@ -198,11 +202,6 @@ class ModelCheckpoint(callbacks.ModelCheckpoint):
         if state_dict.get("dirpath"):
             state_dict = {**state_dict, "dirpath": os.path.realpath(os.path.expanduser(state_dict["dirpath"]))}
         super().load_state_dict(state_dict)
-
-
-def _atomic(io: Any) -> Any:
-    """The run's checkpoint I/O under the background wrapper, if any."""
-    return io.checkpoint_io if isinstance(io, BackgroundSaves) else io
 
 
 @contextlib.contextmanager

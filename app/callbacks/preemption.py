@@ -8,6 +8,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from app.callbacks import agree
+from app.lightning_private import cluster_environment, should_accumulate, slurm_requeue
 
 
 class SLURMRequeue(Callback):
@@ -28,7 +29,7 @@ class SLURMRequeue(Callback):
         self._requested = False
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        env = trainer._accelerator_connector.cluster_environment
+        env = cluster_environment(trainer)
         if stage != "fit" or not isinstance(env, SLURMEnvironment) or not env.auto_requeue:
             return
         self._signum, self._requested = env.requeue_signal, False
@@ -48,9 +49,9 @@ class SLURMRequeue(Callback):
         if self._signum is None:
             return
         # inside an accumulation the requeue waits for its optimizer step (a partial accumulation is not in checkpoints)
-        if agree.any_rank(trainer, "slurm_requeue") and not trainer.fit_loop.epoch_loop._should_accumulate():
+        if agree.any_rank(trainer, "slurm_requeue") and not should_accumulate(trainer):
             self._requested = False
-            trainer._signal_connector._slurm_sigusr_handler_fn(self._signum, None)
+            slurm_requeue(trainer, self._signum)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._restore(trainer, finished=False)  # a peer may be gone: nothing in flight is waited for

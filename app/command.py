@@ -1,19 +1,20 @@
 """The command line: LightningCLI with the project's defaults, links and run-directory conventions.
 
-It wires, it does not compute: importing it registers the strategy names (``app.strategies``); ``--ckpt_path``
-checks and ``last`` are :mod:`app.checkpoint`'s, logger folders and run identity :mod:`app.loggers`', the plan
-:mod:`app.launch.preflight`'s, a user mistake (any :class:`~core.errors.UserError`) one ``error:`` line. The
-``--local-rank`` that ``python -m torch.distributed.launch`` adds is taken out of the arguments here.
+It wires, it does not compute: importing it registers the strategy names (``app.strategies``); reading a
+checkpoint and deciding what to resume are the checkpoint package's (:class:`app.checkpoint.Checkpoints`), the
+checkpoint against the configuration :mod:`app.settings`', logger folders :mod:`app.loggers`', the plan
+:mod:`app.launch.preflight`'s. Every user mistake and fault (any :class:`~core.errors.UserError`) ends here, in one
+channel (:func:`user_errors_explained`): one ``error:`` line, and a SLURM requeue after a fault. The ``--local-rank``
+that ``python -m torch.distributed.launch`` adds is taken out of the arguments here.
 
 Configs: ``configs/base.yaml`` (the machinery: default callbacks, the ``--checkpoint`` group, checkpoint I/O, logger) is
 always loaded, then one recipe: ``configs/mnist.yaml`` unless a ``--config`` file names its own ``data.class_path``.
-Run layout: :mod:`app.run_dir`.
+Run layout: :mod:`app.checkpoint.manager`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,34 +29,18 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
 import app.strategies  # noqa: F401  (registers the strategy names before the parser reads them)
-from app import resume
 from app.callbacks import DEFAULTS, EMA, ModelCheckpoint, StopAtAccuracy
 from app.callbacks.debug_checks import DEBUG_HANG_TIMEOUT, DebugChecks, apply_debug, capture_rank_logs
 from app.callbacks.hang_watch import apply_flight_recorder, effective_timeout, startup_allowance
 from app.callbacks.hang_watch import install as install_hang_watch
 from app.callbacks.lost_rank import watch_the_start_up
-from app.checkpoint import (
-    AtomicCheckpointIO,
-    check_fits,
-    checkpoint_estimate,
-    evaluation_dirpath,
-    low_disk_space,
-    read_checkpoint,
-    read_given_checkpoint,
-    saved_hparams,
-    weights_from_checkpoint,
-)
-from app.faults import loader_worker_died
-from app.launch import requeue
+from app.checkpoint import AtomicCheckpointIO, Checkpoints, Resume, RunIdentity
+from app.checkpoint.io import checkpoint_estimate, low_disk_space
+from app.faults import Fault, loader_worker_died
 from app.launch.elastic import run_by_agent
 from app.launch.preflight import preflight
-from app.launch.rendezvous import (
-    apply_timeout,
-    hold_port,
-    join_this_attempt,
-    release_port,
-    rendezvous_errors_explained,
-)
+from app.launch.rendezvous import HeldPort, apply_timeout, join_this_attempt, rendezvous_errors_explained
+from app.launch.requeue import Requeue
 from app.loggers import (
     TrackingConfigCallback,
     config_text,
@@ -65,10 +50,18 @@ from app.loggers import (
     write_to_run_dir,
 )
 from app.quiet import silence_known_noise
+from app.settings import (
+    ChangedSettings,
+    check_fits,
+    evaluation_dirpath,
+    read_given_checkpoint,
+    saved_hparams,
+    weights_from_checkpoint,
+)
 from app.sync_batchnorm import with_sync_batchnorm
 from app.trainer import Trainer
-from core.env import detect, seconds_since_process_start, split_local_rank
-from core.errors import UsageError, UserError, explain_parser_error, one_line, parser_options, say, with_link
+from core.env import detect, export_unset, seconds_since_process_start, split_local_rank
+from core.errors import UsageError, UserError, explain_parser_error, parser_options, report
 from modules import ImageClassifier
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,10 +74,13 @@ class CLI(LightningCLI):
     """LightningCLI with the app's options and links; each step it adds is one call into the module that owns it."""
 
     plan = None  # the preflight plan of this run (set before the classes are instantiated)
-    decision: resume.Resume | None = None  # what this run resumes from (app.resume)
-    _checkpoint: dict | None = None  # --ckpt_path, read and checked once
+    checkpoints: Checkpoints | None = None  # the run's checkpoints: each read once, the resume decision
+    decision: Resume | None = None  # what this run resumes from
+    _checkpoint: dict | None = None  # the checkpoint this run loads, read and checked once
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, requeue: Requeue | None = None, port: HeldPort | None = None, **kwargs: Any) -> None:
+        # the command's: a SLURM job's requeue after a fault (armed for a fit), the rendezvous port held for the run
+        self.requeue, self.port = requeue or Requeue(), port or HeldPort()
         # the subcommand this command line runs, when it comes first: only its parser is built (LightningCLI builds
         # all four, each from every class signature: about 0.1 s each on a 2-core CPU, paid by every start)
         given = kwargs.get("args") or []
@@ -206,7 +202,9 @@ class CLI(LightningCLI):
         replaces a configured ``model.arch`` by the checkpoint's; each of these is a one-line error here instead.
         """
         subcommand = self.config.get("subcommand")
-        self._checkpoint = read_given_checkpoint(self.config[subcommand]) if subcommand else None
+        config = self.config[subcommand] if subcommand else self.config
+        self.checkpoints = Checkpoints.of(config)
+        self._checkpoint = read_given_checkpoint(config, self.checkpoints) if subcommand else None
         if self._checkpoint is not None and (hparams := saved_hparams(self._checkpoint)):
             self.config = self.parser.parse_object({self.config.subcommand: {"model": hparams}}, self.config)
 
@@ -214,18 +212,20 @@ class CLI(LightningCLI):
         config = self._subcommand_config()
         config.stacks_on = None  # loaded already (default_config_files); the run's saved config.yaml is whole
         write_to_run_dir(config)
-        self.decision = resume.apply(config, self.subcommand, detect())  # the one decision: file, last, hpc, a restart
-        if self.decision.source in ("last", "torchrun", "slurm") and self.decision.path and self.subcommand == "fit":
+        launch = detect()
+        # the one decision (a file, last, hpc, a restart), reading each candidate once
+        self.decision = self.checkpoints.apply(config, self.subcommand, launch)
+        if self.decision.source.found_here and self.decision.path and self.subcommand == "fit":
             continue_run_of(config, self.decision.path)
         if self._checkpoint is None and self.decision.checkpoint is not None:
             self._checkpoint = self.decision.checkpoint  # read while deciding
         if config.get("ckpt_path") and self._checkpoint is None and Path(config.ckpt_path).is_file():
-            self._checkpoint = read_checkpoint(config.ckpt_path, trust=config.trust_checkpoint)
+            self._checkpoint = self.checkpoints.given(config.ckpt_path)
         if self._checkpoint is not None:
             weights_from_checkpoint(config)
         if self.subcommand not in (None, "fit") and self._checkpoint is not None:
             evaluation_dirpath(config, self._checkpoint)
-        prepare_loggers(config, self.subcommand, self.decision.path, self.decision.run_folder)  # W&B group; identity
+        prepare_loggers(config, self.subcommand, self.decision)  # W&B group; the checkpoint's run identity
         # launcher vs config, before any process group exists; rank 0 prints the plan, every rank stops on a problem
         hang = config.launch.hang_timeout
         if config.launch.debug:
@@ -235,20 +235,21 @@ class CLI(LightningCLI):
         restarts = config.launch.max_restarts if self.subcommand == "fit" else 0
         self.plan = preflight(
             config, timeout=config.launch.timeout, hang_timeout=hang, resume=self.decision, max_restarts=restarts,
-            startup_timeout=startup,
+            startup_timeout=startup, launch=launch,
         )  # fmt: skip
-        if port := hold_port(self.plan):  # the ranks Lightning starts meet there; no other job can take it
+        if port := self.port.hold(self.plan):  # the ranks Lightning starts meet there; no other job can take it
             rank_zero_info(f"rendezvous: port {port} of this host, held for this run until it ends")
-        run_by_agent(self.plan)  # --launch.max_restarts: torch's elastic agent runs the ranks; this process ends there
-        if self.plan.launch.launcher == "slurm":  # --launch.max_restarts: a fault requeues the job (any sbatch script)
-            requeue.arm(restarts, Path(self.plan.root_dir))
+        # --launch.max_restarts: torch's elastic agent runs the ranks; this process ends there
+        run_by_agent(self.plan, port or launch.master_port)
+        if launch.launcher == "slurm":  # --launch.max_restarts: a fault requeues the job (any sbatch script)
+            self.requeue.arm(restarts, Path(self.plan.root_dir), launch)
 
     def instantiate_classes(self) -> None:
         super().instantiate_classes()
         config = self._subcommand_config()
         apply_timeout(self.trainer.strategy, config.launch.timeout)
         hang, startup = (self.plan.hang_timeout, self.plan.startup_timeout) if self.plan else (None, None)
-        install_hang_watch(self.trainer, hang or 0, startup)
+        install_hang_watch(self.trainer, hang or 0, startup, self.requeue)
         apply_flight_recorder(self.trainer.strategy, Path(self.trainer.default_root_dir) / "nccl_trace")
         if config.launch.debug:
             folder = Path(self.trainer.default_root_dir) / "debug"
@@ -261,13 +262,16 @@ class CLI(LightningCLI):
                 "epoch's start, the same metric keys on each logging step; torch's distributed log of each rank in "
                 f"{folder / 'rank<R>.log'}"
             )
-        if config.trust_checkpoint and isinstance(self.trainer.strategy.checkpoint_io, AtomicCheckpointIO):
-            self.trainer.strategy.checkpoint_io.weights_only = False
+        if isinstance(io := self.trainer.strategy.checkpoint_io, AtomicCheckpointIO):
+            if config.trust_checkpoint:
+                io.weights_only = False
+            io.reader = self.checkpoints.reader  # Lightning's load of the checkpoint takes what the run read already
         if getattr(self, "_checkpoint", None) is not None:  # before the Trainer's load_state_dict error wall
             check_fits(self._checkpoint, config.ckpt_path, self.model, self.model.hparams.get("arch"))
         if self.subcommand == "fit" and self._checkpoint is not None:  # settings changed since the checkpoint's run
             current = yaml.safe_load(config_text(self._parser(self.subcommand), config))
-            self.trainer.callbacks.append(resume.ChangedSettings(resume.saved_configuration(self._checkpoint), current))
+            saved = RunIdentity.of(self._checkpoint).configuration()
+            self.trainer.callbacks.append(ChangedSettings(saved, current))
         if self.subcommand == "fit" and self.trainer.checkpoint_callback is not None:
             factory = getattr(self.model, "optimizer_factory", None)
             optimizer = factory(self.model.parameters()) if callable(factory) else None
@@ -323,8 +327,9 @@ def main(args: list[str] | None = None, run: bool = True, cli_class: type[CLI] |
     watch_the_start_up()  # a local rank that dies while the job starts: the app's line, not Lightning's SIGKILL
     args = run_dir_for_loggers(accept_local_rank(sys.argv[1:] if args is None else args))
     strict = {"allow_abbrev": False, "exit_on_error": not run}
-    with user_errors_explained() if run else contextlib.nullcontext(), contextlib.ExitStack() as ending:
-        ending.callback(release_port)  # the rendezvous port hold_port kept for the run
+    requeue, port = Requeue(), HeldPort()  # the command's: armed and held by the CLI for its run
+    with user_errors_explained(requeue) if run else contextlib.nullcontext(), contextlib.ExitStack() as ending:
+        ending.callback(port.release)  # the rendezvous port held for the run
         defaults = {"default_config_files": default_config_files(args), **strict}
         return (cli_class or CLI)(
             ImageClassifier,
@@ -337,6 +342,8 @@ def main(args: list[str] | None = None, run: bool = True, cli_class: type[CLI] |
             trainer_class=Trainer,  # a full disk during a save stops every rank with one line
             args=args,
             run=run,
+            requeue=requeue,
+            port=port,
         )
 
 
@@ -405,27 +412,29 @@ def accept_local_rank(args: list[str]) -> list[str]:
     reject), with ``LOCAL_RANK`` set from K when the launcher did not set it: Lightning reads the rank from there."""
     args, local_rank = split_local_rank(args)
     if local_rank is not None:
-        os.environ.setdefault("LOCAL_RANK", local_rank)
+        export_unset({"LOCAL_RANK": local_rank})
     return args
 
 
 @contextlib.contextmanager
-def user_errors_explained() -> Iterator[None]:
-    """A user mistake ends the process with ``error: <cause and fix>`` on stderr, exit status 1 (2: does not parse).
+def user_errors_explained(requeue: Requeue | None = None) -> Iterator[None]:
+    """The one error channel: a user mistake or a fault (any :class:`~core.errors.UserError`) ends the process with
+    its line on stderr (``error: <cause and fix> Help: <its section>``, :func:`core.errors.report`), exit status 1
+    (2: does not parse); after a fault (:class:`app.faults.Fault`), a SLURM job with requeues left goes back in the
+    queue (``requeue``).
 
-    Every rank runs the same checks (preflight, the DataModule's ``setup``), so each stops on its own; a rank that
-    still waits for one that left is told so by ``app.callbacks.LostRank``. The line ends with the link to the
-    error's section of the troubleshooting page (its ``help``). A ``SystemExit`` that carries its ``error: ...``
-    line (``PreflightError``, ``CheckpointError``, ``LostRankError``...) was linked where it was raised.
+    Every rank runs the same checks (preflight, the DataModule's ``setup``) and stops with the same errors (a full
+    disk, a failed debug check), so each says its own line; a rank that still waits for one that left is told so by
+    ``app.callbacks.LostRank``. A DataLoader worker that died, reported by torch as a ``RuntimeError``, is such a
+    fault too (:func:`app.faults.loader_worker_died`); any other exception is a bug and keeps its traceback.
     """
     try:
         yield
-    except UserError as err:  # the datamodules' and the zoo's errors are UserErrors too
-        say(with_link(f"error: {one_line(err)}", err.help))
-        raise SystemExit(err.exit_code) from None
-    except (RuntimeError, EOFError, ConnectionError) as err:  # a fault inside this rank, reported with a traceback
-        if (line := loader_worker_died(err)) is None:
+    except (UserError, RuntimeError, EOFError, ConnectionError) as raised:
+        err = raised if isinstance(raised, UserError) else loader_worker_died(raised)
+        if err is None:
             raise
-        say(line)
-        requeue.after_fault()  # under SLURM with --launch.max_restarts: back in the queue
-        raise SystemExit(1) from None
+        report(err)
+        if isinstance(err, Fault) and requeue is not None:
+            requeue.after_fault()  # under SLURM with --launch.max_restarts: back in the queue
+        raise SystemExit(err.exit_code) from None

@@ -25,6 +25,7 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402  (after the thread count)
+from lightning.pytorch.utilities import rank_zero_only  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("MNIST_DATA_DIR", ROOT / "data"))
@@ -46,7 +47,12 @@ def _global_state_restored():
     loggers = [logging.getLogger(), *(lg for lg in named if isinstance(lg, logging.Logger))]
     levels = {lg: lg.level for lg in loggers}
     dtype = torch.get_default_dtype()  # `*-true` precisions set it while building the model
+    # a Trainer built for rank 1 in this process (LOCAL_RANK=1) sets the rank that rank_zero_* functions, Lightning's
+    # loggers and the plan obey: left so, every later test in this worker would log nothing
+    rank = getattr(rank_zero_only, "rank", None)
     yield
+    if rank is not None:
+        rank_zero_only.rank = rank
     torch.set_default_dtype(dtype)
     for s, handler in handlers.items():
         if signal.getsignal(s) != handler and handler is not None:

@@ -97,7 +97,7 @@ def test_ddp_mp_process_group_is_not_bound_to_the_first_stage_gpu(monkeypatch):
     import app.strategies.ddp_mp as ddp_mp
 
     calls = []
-    monkeypatch.setattr(ddp_mp, "_init_dist_connection", lambda env, backend, **kw: calls.append((backend, kw)))
+    monkeypatch.setattr(ddp_mp, "init_dist_connection", lambda env, backend, **kw: calls.append((backend, kw)))
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     from lightning.fabric.plugins.environments import LightningEnvironment
 

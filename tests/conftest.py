@@ -15,17 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
-# One CPU thread per process (set before torch is imported here, inherited by every process a test starts): the suite
-# runs 2 workers on 2 cores, each starting jobs of 2 ranks, and torch's default of one thread per core for each of
-# them oversubscribes the cores (OpenMP threads waiting for peers that are not running). Measured on this machine,
-# 6 modules (2-rank fits, in-process fits, callbacks, configs), pytest -n 2, twice each, one after the other: 211 and
-# 185 s with torch's default, 165 and 160 s with one thread (CPU time 185/184 -> 153/147 s). torchrun already gives
-# its workers one thread; a value you set is kept.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-import torch  # noqa: E402  (after the thread count)
-from lightning.pytorch.utilities import rank_zero_only  # noqa: E402
+import torch
+from lightning.pytorch.utilities import rank_zero_only
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("MNIST_DATA_DIR", ROOT / "data"))

@@ -32,6 +32,7 @@ import functools
 import io
 import os
 import tempfile
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -342,6 +343,12 @@ class BatchDecoder:
                         ) from err
                     self.skipped.append(batch.names[index])
                     continue
+                if not self.fallbacks:  # said when it first happens; the count at the end of the stage
+                    warnings.warn(
+                        f"nvImageCodec could not decode {batch.names[index]}: it was decoded on the CPU (slower); "
+                        "each such image is counted and the count said at the end of the stage",
+                        stacklevel=2,
+                    )
                 self.fallbacks.append(batch.names[index])
             boxes.append(box.expand(-1, -1, 3) if box.shape[-1] == 1 else box[..., :3])
             kept.append(index)

@@ -87,8 +87,8 @@ class ImageFolderChecked(ImageFolder):
 
     def __getitem__(self, index: int) -> tuple[Any, ...] | _Skipped:
         path, target = self.samples[index]
-        data = read(path)
         try:
+            data = read(path)  # inside: a dangling link or a failing disk is an unreadable image too
             if self.decoder == "gpu":  # the bytes and the crop's draws: the training process decodes the batch
                 return data, draw(data, self.transform), target, path
             image, transform = decode_for(data, self.transform, self.decoder, self.min_side)
@@ -370,8 +370,11 @@ class ImageNetDataModule(ImageDataModule):
         cuda = self._device().type == "cuda"
         self.decoder, why = self._decoder_for(self.hparams.decode, cuda)
         self.normalizes_on_device = flag(self.hparams.normalize_on_device, cuda)
-        if self.decoder == "gpu" and nvimgcodec()[0] is None:
-            raise ImageNetDataError(f"{why}: {gpu_decoding(True)[1]}; or --data.decode cpu (TorchCodec, portable).")
+        if self.decoder != "gpu":
+            return
+        usable, problem = gpu_decoding(True)  # on CUDA its GPU decoders need nvJPEG; elsewhere its CPU backend
+        if nvimgcodec()[0] is None or (cuda and not usable):
+            raise ImageNetDataError(f"{why}: {problem}; or --data.decode cpu (TorchCodec, portable).")
 
     @classmethod
     def plan_lines(cls, init_args: Any, cuda: bool) -> list[str]:

@@ -28,6 +28,7 @@ before, restarting the epoch's permutation, with one warning line.
 
 from __future__ import annotations
 
+import math
 import random
 import signal
 import time
@@ -132,7 +133,8 @@ class ResumableSampler(DistributedSampler):
         generator = torch.Generator().manual_seed(self.seed + self.epoch)  # DistributedSampler's permutation
         order = torch.randperm(len(self.dataset), generator=generator).tolist()  # type: ignore[arg-type]
         positions = [index * self.repeats + copy for index in order for copy in range(self.repeats)]
-        positions += positions[: self.total_size - len(positions)]  # a tiny data set on many ranks: padded, as theirs
+        if len(positions) < self.total_size:  # a tiny data set on many ranks: padded by repeating it, as theirs
+            positions = (positions * math.ceil(self.total_size / len(positions)))[: self.total_size]
         return iter(positions[self.rank :: self.num_replicas][: self.num_samples])
 
     def __iter__(self) -> Iterator[int]:

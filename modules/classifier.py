@@ -435,9 +435,31 @@ class ImageClassifier(LightningModule):
                 f"run with an error at step {scheduler.total_steps + 1}. Fix: {fix}."
             )
 
+    def _check_cosine_length(self, scheduler) -> None:
+        """A cosine schedule's ``T_max`` (epochs, or optimizer steps with ``--model.lr_scheduler_interval step``) must
+        be the run's length: shorter, the cosine climbs back up (it is periodic); longer, it never reaches its end."""
+        t_max = getattr(scheduler, "T_max", None)
+        if not isinstance(t_max, int) or self._trainer is None:
+            return
+        per_step = self.hparams.lr_scheduler_interval == "step"
+        run = self._run_steps() if per_step else self.trainer.max_epochs
+        if run is None or run <= 0 or run == t_max:
+            return
+        unit = "optimizer steps" if per_step else "epochs"
+        effect = (
+            f"climbs back up after {t_max} (a cosine is periodic)"
+            if t_max < run
+            else f"ends at {100 * (1 + math.cos(math.pi * run / t_max)) / 2:.0f}% of its peak instead of 0"
+        )
+        rank_zero_warn(
+            f"lr_scheduler {type(scheduler).__name__} runs over T_max={t_max} {unit} but this run makes {run}, so the "
+            f"learning rate {effect}. Fix: --model.lr_scheduler.init_args.T_max {run}."
+        )
+
     def _check_schedule_length(self, scheduler) -> None:
         """A per-step schedule with a fixed length (``LinearLR``'s ``total_iters``, ``OneCycleLR``'s
         ``total_steps``) must match the run's length (a too short ``OneCycleLR``: :meth:`on_train_start`)."""
+        self._check_cosine_length(scheduler)
         length = getattr(scheduler, "total_iters", getattr(scheduler, "total_steps", None))
         steps = self._run_steps()
         if not isinstance(length, int) or steps is None:

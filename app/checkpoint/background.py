@@ -20,9 +20,9 @@ class BackgroundSaves(AsyncCheckpointIO):
 
     Lightning's version clones every tensor on its own device (a second copy of the weights and optimizer state in
     GPU memory) and reports a failed save only at the next one without waiting for it; here the snapshot goes to
-    host memory, at most one save is in flight (the next save, a removal and the teardown wait for it first), and a
-    failure (a full disk: :class:`~app.checkpoint.io.DiskFullError`) is raised there on rank 0, where
-    :class:`app.trainer.Trainer` shares it with every rank.
+    host memory, at most one save is in flight (the next save and the teardown wait for it first; a removal runs
+    after it), and a failure (a full disk: :class:`~app.checkpoint.io.DiskFullError`) is raised there on rank 0,
+    where :class:`app.trainer.Trainer` shares it with every rank.
     """
 
     def __init__(self, checkpoint_io: AtomicCheckpointIO) -> None:
@@ -45,8 +45,17 @@ class BackgroundSaves(AsyncCheckpointIO):
             pending.result()
 
     def remove_checkpoint(self, path: PATH) -> None:
-        self.wait()
-        super().remove_checkpoint(path)
+        """Queued behind the save in flight (Lightning removes the previous best file right after saving the new
+        one, on rank 0 alone): training goes on, and a failed save keeps the older file and is raised at the next
+        save on rank 0 as any failed save (raised here, rank 0 would stop alone)."""
+        save = self._pending
+        if save is None:
+            return super().remove_checkpoint(path)
+        self._pending = self._executor.submit(self._remove_after, save, path)
+
+    def _remove_after(self, save: Any, path: PATH) -> None:
+        save.result()  # done (one thread, in order); a failure raises here and the file is not removed
+        self.checkpoint_io.remove_checkpoint(path)
 
     def teardown(self) -> None:
         try:

@@ -139,8 +139,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 def keep_previous(path: Path) -> None:
     """Before ``path`` (a ``last.ckpt``) is replaced, the file it holds stays as ``last.previous.ckpt``: a resume
-    falls back to it when the newest does not read (:mod:`app.checkpoint.choose`). A hard link: no copy, no time;
-    the disk holds one more checkpoint once the new one has replaced the old. Its SHA-256 goes with it."""
+    falls back to it when the newest does not read (:class:`~app.checkpoint.manager.Checkpoints`). A hard link: no
+    copy, no time; the disk holds one more checkpoint once the new one has replaced the old. Its SHA-256 goes with
+    it."""
     previous = previous_of(path)
     if previous is None or not path.is_file():
         return

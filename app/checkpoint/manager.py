@@ -73,7 +73,15 @@ def resumable_checkpoints(root_dir: str | Path, dirpath: str | Path | None = Non
     other file of the same age): the newest ``last.ckpt``, then what a resume falls back to when it does not read
     (``last.previous.ckpt``, the best checkpoints, earlier runs)."""
     found = _glob(Path(root_dir), dirpath, "*.ckpt")
-    return sorted(found, key=lambda p: (p.stat().st_mtime, p.name == f"{LAST}.ckpt"), reverse=True)
+    return sorted(found, key=lambda p: (_mtime(p), p.name == f"{LAST}.ckpt"), reverse=True)
+
+
+def _mtime(path: Path) -> float:
+    """``path``'s modification time; 0 for a file gone since it was listed (another rank moved it aside)."""
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
 
 
 def _glob(root_dir: Path, dirpath: str | Path | None, name: str) -> set[Path]:
@@ -228,6 +236,7 @@ class Checkpoints:
         """:meth:`decide` for ``config.ckpt_path``, then ``config.ckpt_path`` set to the file it found in the run
         folder (None for a fresh start); rank 0 says what it chose and moves the files passed over out of the way."""
         decision = self.decide(config.get("ckpt_path"), subcommand, launch)
+        self.reader.keep_only(decision.path)  # the files passed over are not held open for the whole run
         if decision.run_folder is not None:
             rank_zero_info(f"resume: {decision.why}")
         if not decision.source.found_here:  # a file or name given, or nothing to resume
@@ -272,15 +281,12 @@ class Checkpoints:
             return Resume(None, "nothing")
         if given == "hpc" or launch.launcher == "slurm":
             found = self._slurm(launch)
-            return (
-                found
-                if found is not None
-                else self._continuing(Resume(None, "nothing (fresh start)"), launch, "slurm_job")
-            )
+            found = found if found is not None else Resume(None, "nothing (fresh start)")
+            return self._continuing(found, launch, "slurm_job")
         job = launch.torchrun_job
         if launch.launcher == "torchrun" and job and not (job == "none" and launch.restart_count == 0):
             # torchrun gives every job without --rdzv-id the id "none": such a job resumes only once it has restarted
-            mine = [p for p in resumable_checkpoints(self.root) if self._job_of(p, "torchrun_job") in (job, None)]
+            mine = resumable_checkpoints(self.root, self.dirpath)  # read newest first until one is this job's
             found = self._newest_readable(mine, lambda read: read.identity.torchrun_job == job)
             why = f"torchrun restart {launch.restart_count}: the newest last.ckpt of job {job}"
             return self._continuing(found._said(From.TORCHRUN, why, "nothing (fresh start)"), launch, "torchrun_job")
@@ -293,12 +299,12 @@ class Checkpoints:
         hpc, job = hpc_checkpoints(self.root), launch.slurm_job
         requeued = launch.launcher == "slurm" and launch.restart_count > 0 and bool(job)
         own: list[Path] = []  # a requeued job's own checkpoints (only such a job reads them)
-        if requeued:
-            own = [p for p in resumable_checkpoints(self.root) if self._job_of(p, "slurm_job") in (job, None)]
+        if requeued:  # read newest first until one is this job's
+            own = resumable_checkpoints(self.root, self.dirpath)
         if not hpc and not own:
             return None
         # Lightning's order for its hpc_ckpt files is the highest N; a requeued job's own files join them by age
-        candidates = sorted(hpc + own, key=lambda p: p.stat().st_mtime, reverse=True) if own else hpc
+        candidates = sorted(hpc + own, key=_mtime, reverse=True) if own else hpc
         found = self._newest_readable(candidates, lambda read: read.path in hpc or read.identity.slurm_job == job)
         if found.path is not None and found.path in hpc:
             return found._said(From.HPC, "SLURM's requeue checkpoint (Lightning saves it at preemption)", "nothing")
@@ -332,9 +338,3 @@ class Checkpoints:
             elif wanted(read):
                 return Resume(path, "", passed_over=passed, read=read)
         return Resume(None, "", passed_over=passed)
-
-    def _job_of(self, path: Path, key: str) -> str | None:
-        """The job (``torchrun_job``, ``slurm_job``) that saved a checkpoint, or None when it does not read (it stays
-        a candidate, to be passed over)."""
-        read = self.read(path)
-        return (read.identity.job(key) or "") if read.state is not None else None

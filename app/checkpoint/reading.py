@@ -32,8 +32,11 @@ class CheckpointError(UserError):
     """A ``--ckpt_path`` the run cannot use; raised before anything is built, written or overwritten."""
 
 
-class UnsafeCheckpointError(pickle.UnpicklingError):
-    """The checkpoint holds pickled Python objects and this run does not trust checkpoints."""
+class UnsafeCheckpointError(UserError, pickle.UnpicklingError):
+    """The checkpoint holds pickled Python objects and this run does not trust checkpoints (also for the files
+    Lightning resolves itself: ``best``, a registry, a URL)."""
+
+    help = "checkpoint-with-code"
 
 
 def refused(err: BaseException) -> bool:
@@ -90,10 +93,6 @@ class Read:
         """The run identity saved in it (empty when it has none or does not read)."""
         return RunIdentity.of(self.state)
 
-    @property
-    def step(self) -> int | None:
-        return (self.state or {}).get("global_step")
-
 
 class Reader:
     """Reads and verifies each checkpoint file at most once while it is unchanged (its path, size and modification
@@ -106,8 +105,8 @@ class Reader:
 
     def __init__(self, trust: bool = False) -> None:
         self.trust = trust
-        self._reads: dict[tuple[str, int, int], Read] = {}
-        self._intact: dict[tuple[str, int, int, str], bool] = {}
+        self._reads: dict[tuple[str, int, int, int], Read] = {}
+        self._intact: dict[tuple[str, int, int, int, str], bool] = {}
 
     def intact(self, path: Path) -> bool:
         """Whether ``path``'s bytes match the SHA-256 saved with it (True when none was saved), checked once."""
@@ -121,15 +120,28 @@ class Reader:
 
     def read(self, path: Path) -> Read:
         """``path`` read on the CPU (its node-local copy when that holds the same bytes), or why it does not read."""
-        key = _key(path)
+        try:
+            key = _key(path)
+        except OSError as err:  # gone since it was listed (another rank moved it aside), or the disk fails
+            return Read(Path(path), Path(path), problem=_reason(err), error=err)
         if key not in self._reads:
             self._reads[key] = self._read(Path(path))
         return self._reads[key]
 
+    def keep_only(self, path: Path | None) -> None:
+        """Forgets every read but ``path``'s: a read holds its file memory-mapped, so a checkpoint the run deletes
+        later would keep its disk space until the process ends."""
+        kept = None if path is None else str(Path(path).resolve())
+        self._reads = {key: read for key, read in self._reads.items() if key[0] == kept}
+
     def _read(self, path: Path) -> Read:
-        source = readable_copy(path, self.intact)
-        if not self.intact(source):  # bytes changed since the save: truncated or flipped
-            return Read(path, source, problem=f"its SHA-256 differs from the one saved in {checksum_path(path).name}")
+        try:
+            source = readable_copy(path, self.intact)
+            if not self.intact(source):  # bytes changed since the save: truncated or flipped
+                problem = f"its SHA-256 differs from the one saved in {checksum_path(path).name}"
+                return Read(path, source, problem=problem)
+        except OSError as err:  # an I/O error while hashing: the damaged file the fallback exists for
+            return Read(path, path, problem=_reason(err), error=err)
         try:
             return Read(path, source, state=load_on_cpu(source, weights_only=not self.trust))
         except Exception as err:  # zip/pickle/OS errors: truncated or corrupt; or a pickled global refused
@@ -170,9 +182,11 @@ class Reader:
         return read if read.state is not None else None
 
 
-def _key(path: Path) -> tuple[str, int, int]:
+def _key(path: Path) -> tuple[str, int, int, int]:
+    """The file as it is now: ``os.replace`` (every save) makes a new inode, so a rewrite is never served stale, even
+    where modification times are coarse."""
     stat = os.stat(path)
-    return str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns
+    return str(Path(path).resolve()), stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
 def _reason(err: BaseException) -> str:

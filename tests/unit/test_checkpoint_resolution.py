@@ -236,3 +236,47 @@ def test_a_restart_with_nothing_saved_continues_the_run_folder_its_job_started(t
     env = {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "1", "SLURM_NTASKS": "2", "SLURM_PROCID": "0"}
     requeued = detect({**env, "SLURM_NNODES": "1", "SLURM_TASKS_PER_NODE": "2", "SLURM_JOB_NODELIST": "n1"})
     assert apply(config(tmp_path, None), "fit", requeued).run_folder == slurm_folder
+
+
+def test_a_restart_and_a_requeue_resume_from_the_checkpoint_dirpath(tmp_path):
+    """With --checkpoint.dirpath outside the run folder, a restarted torchrun group and a requeued SLURM job find
+    their own newest checkpoint there (a fresh start would replace it); another job's newer file is not taken, and
+    only the chosen file stays read."""
+    from core.env import detect
+
+    root, elsewhere = tmp_path / "runs", tmp_path / "elsewhere"
+
+    def identity(path: Path, mtime: int, **job: str) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        checkpoint: dict = {}
+        RunIdentity(**job).save_in(checkpoint)
+        torch.save(checkpoint, path)
+        os.utime(path, (mtime, mtime))
+        return path
+
+    def cfg() -> Namespace:
+        return Namespace(ckpt_path=None, trainer=Namespace(default_root_dir=str(root)),
+                         checkpoint=Namespace(dirpath=str(elsewhere)))  # fmt: skip
+
+    torchrun_last = identity(elsewhere / "last.ckpt", 1_000, torchrun_job="abc")
+    identity(elsewhere / "epoch=0-step=9.ckpt", 2_000, torchrun_job="other")  # another job's, newer
+    restarted = detect({"TORCHELASTIC_RUN_ID": "abc", "TORCHELASTIC_RESTART_COUNT": "1", "RANK": "0",
+                        "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "0"})  # fmt: skip
+    checkpoints = Checkpoints.of(cfg())
+    decision = checkpoints.apply(cfg(), "fit", restarted)
+    assert (decision.path, decision.source) == (torchrun_last, From.TORCHRUN), decision
+    assert [key[0] for key in checkpoints.reader._reads] == [str(torchrun_last.resolve())]
+
+    slurm_last = identity(elsewhere / "last.ckpt", 3_000, slurm_job="77")
+    env = {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "1", "SLURM_NTASKS": "2", "SLURM_PROCID": "0"}
+    requeued = detect({**env, "SLURM_NNODES": "1", "SLURM_TASKS_PER_NODE": "2", "SLURM_JOB_NODELIST": "n1"})
+    decision = apply(cfg(), "fit", requeued)
+    assert (decision.path, decision.source) == (slurm_last, From.SLURM), decision
+
+
+def test_a_checkpoint_gone_since_it_was_listed_is_passed_over_not_a_traceback(tmp_path):
+    """Another rank moved the file aside between the listing and the read: it does not read, with the reason."""
+    from app.checkpoint.reading import Reader
+
+    read = Reader().read(tmp_path / "version_0" / "checkpoints" / "last.ckpt")
+    assert read.state is None and read.problem.startswith("FileNotFoundError: "), read

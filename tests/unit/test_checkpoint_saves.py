@@ -86,6 +86,39 @@ def test_a_failed_background_save_is_raised_at_the_next_save_and_the_previous_fi
     io.teardown()
 
 
+def test_a_removal_waits_behind_the_save_in_flight_and_a_failed_save_removes_nothing(tmp_path):
+    """Lightning removes the previous best file right after a new best is saved: the removal is queued behind the
+    background save (training does not wait), and when that save fails the older file stays."""
+    import threading
+
+    class Held(AtomicCheckpointIO):  # the real atomic save, held until the test lets it go
+        go = threading.Event()
+
+        def save_checkpoint(self, checkpoint, path, storage_options=None):
+            assert self.go.wait(30)
+            super().save_checkpoint(checkpoint, path, storage_options)
+
+    io = BackgroundSaves(Held())
+    old, new = tmp_path / "epoch=0.ckpt", tmp_path / "epoch=1.ckpt"
+    Held.go.set()
+    io.save_checkpoint({"step": 1}, old)
+    Held.go.clear()
+    io.deferring = True
+    io.save_checkpoint({"step": 2}, new)  # in flight, held
+    io.remove_checkpoint(old)  # returns at once: queued behind the save
+    assert old.is_file() and not new.exists()
+    Held.go.set()
+    io.wait()
+    assert not old.exists() and torch.load(new, weights_only=True)["step"] == 2
+
+    io.save_checkpoint({"step": 3, "bad": Unpicklable()}, old)  # fails in the thread
+    io.remove_checkpoint(new)
+    with pytest.raises(OSError, match="simulated failure"):
+        io.save_checkpoint({"step": 4}, old)
+    assert torch.load(new, weights_only=True)["step"] == 2  # the failed save removed nothing
+    io.teardown()
+
+
 def test_a_restart_on_the_node_reads_the_local_copy_only_while_it_holds_the_same_bytes(tmp_path, monkeypatch):
     monkeypatch.setenv("TMPDIR", str(tmp_path / "node"))
     (tmp_path / "node").mkdir()

@@ -61,6 +61,28 @@ def test_per_step_schedule_length_must_match_the_run(mnist_dir, tmp_path, total_
         assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.1 * 0.01)
 
 
+@pytest.mark.parametrize(("t_max", "warned"), [(4, "ends at 50% of its peak instead of 0"), (1, "climbs back up"),
+                                              (2, None)])  # fmt: skip
+def test_a_cosine_schedule_over_other_epochs_than_the_run_is_said(mnist_dir, tmp_path, t_max, warned):
+    """CosineAnnealingLR's T_max (epochs) against --trainer.max_epochs (2): the line says what the lr does, the fix."""
+    model = ImageClassifier(
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+        lr_scheduler=lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=t_max),
+    )
+    trainer = fast_trainer(tmp_path, max_epochs=2, limit_train_batches=2, limit_val_batches=1)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        trainer.fit(model, MNISTDataModule(data_dir=str(mnist_dir)))
+    messages = [str(w.message) for w in seen if "T_max" in str(w.message)]
+    if warned:
+        (message,) = messages
+        assert f"T_max={t_max} epochs but this run makes 2" in message and warned in message, message
+        assert message.endswith("Fix: --model.lr_scheduler.init_args.T_max 2."), message
+    else:
+        assert messages == []
+        assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-12)  # the cosine's end
+
+
 def test_training_metrics_per_logging_step_and_over_the_epoch(mnist_dir, tmp_path):
     """``train/*`` are logged on logging steps only (this batch's values); the epoch's values are the image-weighted
     means over all of the epoch's batches: here, with every step logged, exactly the mean of the logged steps."""

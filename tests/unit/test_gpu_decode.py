@@ -123,7 +123,8 @@ def test_files_nvimgcodec_cannot_read_go_to_the_cpu_one_by_one_counted(with_bad_
                             skip_unreadable=True)  # fmt: skip
     dm.setup("validate")
     (batch,) = list(dm.val_dataloader())
-    images, labels, *_ = dm.on_before_batch_transfer(batch, 0)
+    with pytest.warns(UserWarning, match=r"nvImageCodec could not decode .*gif\.jpg: it was decoded on the CPU"):
+        images, labels, *_ = dm.on_before_batch_transfer(batch, 0)  # said when it happens, once
     decoder = dm._batch_decoder
     assert [Path(p).name for p in decoder.fallbacks] == ["gif.jpg"]  # only the GIF, one by one
     assert [Path(p).name for p in decoder.skipped] == ["truncated.jpg"] and len(labels) == len(images) == 11

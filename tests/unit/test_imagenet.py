@@ -246,3 +246,19 @@ def test_compile_keeps_checkpoint_keys():
     plain, compiled = ImageClassifier(arch="mnist_cnn"), ImageClassifier(arch="mnist_cnn", compile=True)
     assert list(compiled.state_dict()) == list(plain.state_dict())
     compiled.load_state_dict(plain.state_dict())
+
+
+def test_an_image_that_cannot_be_opened_stops_naming_the_file_or_is_skipped(photos, tmp_path):
+    """A dangling link (a file moved on shared storage) fails in the read itself, before any decode."""
+    root = tmp_path / "dangling"
+    shutil.copytree(photos, root)
+    gone = root / "val" / "rocket" / "moved.jpg"
+    gone.symlink_to(tmp_path / "no-such-file.jpg")
+    dm = ImageNetDataModule(data_dir=str(root), batch_size=11, num_workers=0, image_size=32)
+    dm.setup("validate")
+    with pytest.raises(UnreadableImageError, match=f"cannot read image {gone}: FileNotFoundError.*skip_unreadable"):
+        next(iter(dm.val_dataloader()))
+    skipping = ImageNetDataModule(data_dir=str(root), batch_size=11, num_workers=0, image_size=32, skip_unreadable=True)
+    skipping.setup("validate")
+    images, labels, skipped = next(iter(skipping.val_dataloader()))
+    assert len(labels) == 9 and [str(p) for p in skipped] == [str(gone)]  # the 9 photos, out of 10 files

@@ -207,3 +207,9 @@ def test_the_average_is_validated_and_saved_beside_the_training_weights(mnist_di
         model.load_state_dict(state)
         scores[name] = fast_trainer(tmp_path, limit_val_batches=3).validate(model, datamodule=dm)[0]["val/loss"]
     assert scores["average"] == pytest.approx(fit_val_loss, rel=1e-6) and scores["training"] != scores["average"]
+
+
+def test_repeated_augmentation_on_more_ranks_than_copies_gives_every_rank_a_batch():
+    """1 image, 2 copies, 8 ranks: the positions are repeated to fill every rank (unequal shares would hang DDP)."""
+    shards = [list(ResumableSampler(range(1), num_replicas=8, rank=r, seed=7, repeats=2)) for r in range(8)]
+    assert [len(s) for s in shards] == [1] * 8 and {p for s in shards for p in s} == {0, 1}

@@ -65,7 +65,9 @@ GEOMETRY = (
 TOP, LEFT, HEIGHT, WIDTH, FLIP, ROI, SCALE_Y, SHIFT_Y, SCALE_X, SHIFT_X, SIZE, AUGMENT_OP, AUGMENT_MAGNITUDE = range(13)
 ERASE = slice(13, 17)
 IDENTITY = 0  # TrivialAugmentWide's first operation, which leaves the image as it is (-1: not augmented)
-CHUNK = 32  # images resized at once: bounds the padded float copy of the boxes (32 x 500 x 500 x 3 x 2 B = 48 MB)
+CHUNK = 32  # images resized at once, at most
+PIXELS = CHUNK * 500 * 500  # padded pixels resized at once, at most: the half copy of a chunk is <= 48 MB (one box
+# alone may be larger: a 4000 x 3000 photo whose crop covers most of it)
 
 
 @contextlib.contextmanager
@@ -364,10 +366,7 @@ class BatchDecoder:
         size = int(geometry[0, SIZE])  # the training crop or the evaluation crop: one per batch
         compute = torch.float16 if self.device.type == "cuda" else torch.float32
         out = torch.empty(len(boxes), size, size, 3, dtype=dtype, device=self.device)
-        # chunks of boxes of similar size (sorted by area): each is padded to its largest box, not the batch's
-        order = sorted(range(len(boxes)), key=lambda i: boxes[i].shape[0] * boxes[i].shape[1])
-        for start in range(0, len(boxes), CHUNK):
-            chunk = order[start : start + CHUNK]
+        for chunk in chunks([box.shape[:2] for box in boxes]):
             resized = resize_batch([boxes[i] for i in chunk], size, geometry[chunk], compute).float()
             resized = self._augment(resized, geometry[chunk])
             out[to_device(torch.tensor(chunk), self.device)] = ((resized - self.mean) / self.std).to(dtype)
@@ -390,6 +389,22 @@ class BatchDecoder:
         if bool((boxes[:, 2] > 0).any()):
             resized = erase_batch(resized, to_device(boxes.to(torch.int64), self.device), self.erase_value)
         return resized
+
+
+def chunks(sizes: list[tuple[int, int]]) -> Iterator[list[int]]:
+    """Indices of boxes of similar size (sorted by area) resized together: each chunk is padded to its largest height
+    and width, so it holds at most :data:`CHUNK` boxes and :data:`PIXELS` padded pixels (a larger box alone)."""
+    chunk: list[int] = []
+    height = width = 0
+    for i in sorted(range(len(sizes)), key=lambda i: sizes[i][0] * sizes[i][1]):
+        h, w = max(height, sizes[i][0]), max(width, sizes[i][1])
+        if chunk and (len(chunk) == CHUNK or (len(chunk) + 1) * h * w > PIXELS):
+            yield chunk
+            chunk, h, w = [], sizes[i][0], sizes[i][1]
+        chunk.append(i)
+        height, width = h, w
+    if chunk:
+        yield chunk
 
 
 def input_dtype(precision: str) -> torch.dtype:

@@ -17,7 +17,17 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from datamodules.gpu_decode import AUGMENT_OP, ERASE, FLIP, GEOMETRY, EncodedBatch, resize_batch
+from datamodules.gpu_decode import (
+    AUGMENT_OP,
+    CHUNK,
+    ERASE,
+    FLIP,
+    GEOMETRY,
+    PIXELS,
+    EncodedBatch,
+    chunks,
+    resize_batch,
+)
 from datamodules.imagenet import STD, ImageNetDataModule, UnreadableImageError
 from tests.conftest import ROOT
 from tests.unit.test_imagenet import photos  # noqa: F401  (the real-photo ImageFolder fixture)
@@ -173,3 +183,17 @@ def test_nvimgcodec_loads_without_printing_its_missing_libraries():
         [sys.executable, "-c", "import nvidia.nvimgcodec"], capture_output=True, text=True, timeout=120
     )
     assert "nvjpeg2k" in plain.stderr.lower()  # the noise is real: the test can fail
+
+
+def test_boxes_are_resized_in_chunks_bounded_by_their_padded_pixels():
+    """A batch of ImageNet-sized crops and a few crops of large photos: every box once, each chunk at most CHUNK boxes
+    and PIXELS padded pixels unless it is one box alone (32 boxes padded to a 4000 x 3000 crop would be 2.3 GB)."""
+    g = torch.Generator().manual_seed(0)
+    sizes = [(int(h), int(w)) for h, w in torch.randint(100, 500, (250, 2), generator=g)]
+    sizes += [(4000, 3000), (3000, 2500), (2000, 1800)]
+    found = list(chunks(sizes))
+    assert sorted(i for chunk in found for i in chunk) == list(range(len(sizes)))
+    for chunk in found:
+        padded = len(chunk) * max(sizes[i][0] for i in chunk) * max(sizes[i][1] for i in chunk)
+        assert len(chunk) <= CHUNK and (padded <= PIXELS or len(chunk) == 1), (chunk, padded)
+    assert [len(chunk) for chunk in found[-3:]] == [1, 1, 1] and len(found) <= 20

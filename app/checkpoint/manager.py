@@ -263,6 +263,10 @@ class Checkpoints:
         if given and given not in ("last", "hpc"):
             if given in ("best", "registry") or "://" in str(given):
                 return Resume(None, f"{given} (Lightning resolves it)", From.LIGHTNING)
+            if subcommand == "fit" and launch.restart_count > 0:  # a restart continues its job's newer save
+                own = self._slurm(launch) if launch.launcher == "slurm" else self._torchrun(launch)
+                if own is not None and own.path is not None:
+                    return own
             read = self.read(Path(given)) if Path(given).is_file() else None
             return Resume(Path(given), "your --ckpt_path", From.FILE, read=read)
         if given == "last":
@@ -283,14 +287,21 @@ class Checkpoints:
             found = self._slurm(launch)
             found = found if found is not None else Resume(None, "nothing (fresh start)")
             return self._continuing(found, launch, "slurm_job")
+        found = self._torchrun(launch)
+        if found is None:
+            return Resume(None, "nothing (fresh start)")
+        return self._continuing(found, launch, "torchrun_job")
+
+    def _torchrun(self, launch: Launch) -> Resume | None:
+        """torchrun: the job's own newest checkpoint (its identity names the job). None: not a torchrun job that
+        resumes (torchrun gives every job without --rdzv-id the id "none": such a job resumes only once restarted)."""
         job = launch.torchrun_job
-        if launch.launcher == "torchrun" and job and not (job == "none" and launch.restart_count == 0):
-            # torchrun gives every job without --rdzv-id the id "none": such a job resumes only once it has restarted
-            mine = resumable_checkpoints(self.root, self.dirpath)  # read newest first until one is this job's
-            found = self._newest_readable(mine, lambda read: read.identity.torchrun_job == job)
-            why = f"torchrun restart {launch.restart_count}: the newest last.ckpt of job {job}"
-            return self._continuing(found._said(From.TORCHRUN, why, "nothing (fresh start)"), launch, "torchrun_job")
-        return Resume(None, "nothing (fresh start)")
+        if launch.launcher != "torchrun" or not job or (job == "none" and launch.restart_count == 0):
+            return None
+        mine = resumable_checkpoints(self.root, self.dirpath)  # read newest first until one is this job's
+        found = self._newest_readable(mine, lambda read: read.identity.torchrun_job == job)
+        why = f"torchrun restart {launch.restart_count}: the newest last.ckpt of job {job}"
+        return found._said(From.TORCHRUN, why, "nothing (fresh start)")
 
     def _slurm(self, launch: Launch) -> Resume | None:
         """SLURM: the ``hpc_ckpt_N.ckpt`` Lightning saves at a preemption; a requeued job (``SLURM_RESTART_COUNT`` > 0,

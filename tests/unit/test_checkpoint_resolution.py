@@ -280,3 +280,41 @@ def test_a_checkpoint_gone_since_it_was_listed_is_passed_over_not_a_traceback(tm
 
     read = Reader().read(tmp_path / "version_0" / "checkpoints" / "last.ckpt")
     assert read.state is None and read.problem.startswith("FileNotFoundError: "), read
+
+
+def test_a_restart_of_a_run_started_from_a_file_continues_its_own_newer_checkpoint(tmp_path):
+    """``--ckpt_path FILE`` names where the job starts: its first attempt loads FILE; a restarted group or a requeued
+    job continues from its own newest checkpoint (reloading FILE would lose every step since), and from FILE only
+    while it has saved none."""
+    from core.env import detect
+
+    start = saved(tmp_path / "elsewhere" / "start.ckpt", 500, step=5)
+    root = tmp_path / "runs"
+
+    def given() -> Namespace:
+        return Namespace(ckpt_path=str(start), trainer=Namespace(default_root_dir=str(root)))
+
+    def torchrun(restarts: int):
+        return detect({"TORCHELASTIC_RUN_ID": "abc", "TORCHELASTIC_RESTART_COUNT": str(restarts), "RANK": "0",
+                       "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "0"})  # fmt: skip
+
+    def requeued(restarts: int):
+        env = {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": str(restarts), "SLURM_NTASKS": "2", "SLURM_PROCID": "0"}
+        return detect({**env, "SLURM_NNODES": "1", "SLURM_TASKS_PER_NODE": "2", "SLURM_JOB_NODELIST": "n1"})
+
+    for launch in (torchrun(0), torchrun(1), requeued(0), requeued(1)):  # nothing saved yet: the file
+        decision = apply(given(), "fit", launch)
+        assert (decision.path, decision.source) == (start, From.FILE), (launch, decision)
+
+    for job, launch in ((dict(torchrun_job="abc"), torchrun(1)), (dict(slurm_job="77"), requeued(1))):
+        checkpoint: dict = {"global_step": 40}
+        RunIdentity(**job).save_in(checkpoint)
+        own = root / "version_0" / "checkpoints" / "last.ckpt"
+        own.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(checkpoint, own)
+        os.utime(own, (1_000, 1_000))
+        config = given()
+        decision = apply(config, "fit", launch)
+        assert decision.path == own and decision.source in (From.TORCHRUN, From.SLURM), decision
+        assert config.ckpt_path == str(own)
+    assert apply(given(), "fit", torchrun(0)).path == start  # the first attempt of a new job: the file

@@ -133,7 +133,7 @@ def test_requeued_slurm_job_continues_the_run_of_its_hpc_checkpoint(tmp_path):
 
 def test_restarted_torchrun_job_resumes_the_newest_last_checkpoint_of_its_own_job(tmp_path):
     """torchrun restarts the worker group: ``fit`` resumes the newest ``last.ckpt`` whose identity names this job
-    (``TORCHELASTIC_RUN_ID``), never another job's newer one; an explicit ``--ckpt_path`` wins."""
+    (``TORCHELASTIC_RUN_ID``), never another job's newer one, also when it started from ``--ckpt_path FILE``."""
     root = tmp_path / "run"
     saved = {"version_0": "job-a", "version_1": "job-b", "version_2": "job-a", "version_3": "none"}
     for version, job in saved.items():  # written in this order: version_3 is the newest file
@@ -171,7 +171,11 @@ def test_restarted_torchrun_job_resumes_the_newest_last_checkpoint_of_its_own_jo
         "w2",
     )
     assert resume_torchrun_job(config(), "fit", launch("job-c", 1)) is None  # nothing of this job: a fresh start
-    assert resume_torchrun_job(config("given.ckpt"), "fit", launch("job-a", 1)) is None  # --ckpt_path wins
+    # --ckpt_path FILE names where the job starts: its first attempt loads FILE, a restart continues its own newer save
+    assert decision(config("given.ckpt"), "fit", launch("job-a", 0)).source is From.FILE
+    own = root / "version_2/checkpoints/last.ckpt"
+    assert resume_torchrun_job(config("given.ckpt"), "fit", launch("job-a", 1)) == own
+    assert decision(config("given.ckpt"), "fit", launch("job-c", 1)).source is From.FILE  # nothing of its own yet
     # torchrun's default --rdzv-id is "none" for every job: only a restart of it resumes
     assert resume_torchrun_job(config(), "fit", launch("none", 0)) is None
     assert resume_torchrun_job(config(), "fit", launch("none", 1)) == root / "version_3/checkpoints/last.ckpt"

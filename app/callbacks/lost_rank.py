@@ -132,6 +132,9 @@ class LostRank(Callback):
         torch_says = torch_message(exception)
         for logger in trainer.loggers:
             logger.finalize("failed")
+        # the wrapper (DDP's reducer) holds the process group: released as the skipped teardown would, so that the
+        # group ends before the interpreter finalizes (app.launch.group)
+        trainer.strategy.model = pl_module
         # raised here, ending the process (its line and the SLURM requeue are the command's error channel's): the rest
         # of Lightning's teardown would only touch the broken process group
         raise self._error(lost, world, how, rank, torch_says)

@@ -122,7 +122,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         """
         weights_only = self.weights_only if weights_only is None else weights_only
         read = self.reader.load(path, weights_only) if map_location is None and self.reader is not None else None
-        local = read.source if read is not None else readable_copy(Path(path)) if "://" not in str(path) else None
+        if read is not None:
+            local = read.source
+        else:  # another map_location, or a plugin used without the run's reader: its checks, once, by a reader
+            local = readable_copy(Path(path), (self.reader or Reader()).intact) if "://" not in str(path) else None
         if local is not None and local != Path(path):
             rank_zero_info(f"resume: reading {local}, the node-local copy of {path} (the same SHA-256)")
             path = local

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from lightning.pytorch.utilities import rank_zero_info
 
-from app.checkpoint.files import checksum_path, file_checksum, megabytes, recorded_checksum, write_checksum
+from app.checkpoint.files import checksum_path, megabytes, recorded_checksum, write_checksum
 from core.env import Launch, detect
 
 
@@ -91,13 +91,10 @@ class LocalCopies:
                 )
 
 
-def _matches_its_checksum(path: Path) -> bool:
-    return file_checksum(path) == recorded_checksum(path)
-
-
-def readable_copy(path: Path, intact: Callable[[Path], bool] = _matches_its_checksum) -> Path:
+def readable_copy(path: Path, intact: Callable[[Path], bool]) -> Path:
     """``path``, or its node-local copy when that holds the same bytes (the same recorded SHA-256, and ``intact``: its
-    own bytes match it): a restart on this node reads its own storage instead of the shared filesystem."""
+    own bytes match it, :meth:`app.checkpoint.reading.Reader.intact`, which hashes a file once): a restart on this
+    node reads its own storage instead of the shared filesystem."""
     folder = local_folder(path.parent)
     local = folder / path.name if folder is not None else None
     if local is None or not local.is_file() or local == path:

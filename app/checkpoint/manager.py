@@ -60,18 +60,12 @@ def root(default_root_dir: str | Path | None) -> Path:
     return Path(default_root_dir or ".")
 
 
-def last_checkpoints(root_dir: str | Path, dirpath: str | Path | None = None) -> list[Path]:
-    """Every run's ``last.ckpt`` below ``root_dir``, newest first: a run with a logger writes it in
+def resumable_checkpoints(root_dir: str | Path, dirpath: str | Path | None = None) -> list[Path]:
+    """Every checkpoint of the runs below ``root_dir``, newest first (a ``last.ckpt`` before any other file of the
+    same age): the newest ``last.ckpt``, then what a resume falls back to when it does not read
+    (``last.previous.ckpt``, the best checkpoints, earlier runs). A run with a logger saves in
     ``version_N/checkpoints/``, one without (``--trainer.logger false``: Lightning's ModelCheckpoint then saves in the
     run folder itself) in ``checkpoints/``; ``dirpath`` (``--checkpoint.dirpath``) is searched too when set."""
-    found = _glob(Path(root_dir), dirpath, f"{LAST}.ckpt")
-    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
-
-
-def resumable_checkpoints(root_dir: str | Path, dirpath: str | Path | None = None) -> list[Path]:
-    """Every checkpoint in the folders :func:`last_checkpoints` searches, newest first (a ``last.ckpt`` before any
-    other file of the same age): the newest ``last.ckpt``, then what a resume falls back to when it does not read
-    (``last.previous.ckpt``, the best checkpoints, earlier runs)."""
     found = _glob(Path(root_dir), dirpath, "*.ckpt")
     return sorted(found, key=lambda p: (_mtime(p), p.name == f"{LAST}.ckpt"), reverse=True)
 
@@ -102,7 +96,7 @@ def previous_of(path: Path) -> Path | None:
 
 
 def where_last_is(root_dir: str | Path, dirpath: str | Path | None = None) -> str:
-    """The folders :func:`last_checkpoints` searches, for a message."""
+    """The folders :func:`resumable_checkpoints` searches, for a message."""
     folder = Path(root_dir).resolve()
     extra = f" or {Path(dirpath).resolve()}/ (--checkpoint.dirpath)" if dirpath is not None else ""
     return f"{folder}/version_*/checkpoints/ or {folder}/checkpoints/ (runs with --trainer.logger false){extra}"

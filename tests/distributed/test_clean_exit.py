@@ -77,6 +77,28 @@ def test_the_process_group_is_gone_when_main_returns(mnist_dir, tmp_path):
     ], said[-4000:]
 
 
+def test_a_rank_that_ends_on_a_lost_peer_leaves_no_gloo_thread_behind(mnist_dir, tmp_path):
+    """The same on the error path: rank 1 SIGKILLed mid-epoch, rank 0's collective fails, it says the lost rank and
+    exits 1; its group is ended before the interpreter finalizes (else the same race turned that exit 1 into SIGABRT,
+    "terminate called without an active exception", after the error line). Lightning's launcher: rank 0 is this
+    probe, rank 1 its child running ``cli.py``."""
+    command = [
+        sys.executable, "-m", "tests.distributed.test_clean_exit", "fit", "--trainer.devices", "2",
+        "--trainer.strategy", "ddp", "--trainer.accelerator", "cpu", "--trainer.max_epochs", "1",
+        "--trainer.limit_train_batches", "6", "--trainer.limit_val_batches", "1", "--trainer.enable_progress_bar",
+        "false", "--data.data_dir", str(mnist_dir), "--data.batch_size", "16", "--trainer.default_root_dir",
+        str(tmp_path), "--trainer.callbacks+=tools.resume_probe.SignalAt", "--trainer.callbacks.step", "3",
+        "--trainer.callbacks.rank", "1", "--trainer.callbacks.sigkill", "true",
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    said = done.stdout + done.stderr
+    assert done.returncode == 1, said[-4000:]
+    assert [line for line in said.splitlines() if line.startswith("error: lost rank 1 of 2")], said[-4000:]
+    probe = re.findall(r"rank (\d) gloo threads during the run: \S+, after main: (\d+)", said)
+    assert probe == [("0", "0")], said[-4000:]
+    assert "terminate called" not in said, said[-4000:]
+
+
 class _Probe(Callback):
     during: int | None = None  # read back after the run (the instance is built by the CLI)
 
@@ -88,7 +110,13 @@ if __name__ == "__main__":  # one rank of the probe job above: `python cli.py AR
     import runpy
 
     sys.argv = [str(ROOT / "cli.py"), *sys.argv[1:], "--trainer.callbacks+", "tests.distributed.test_clean_exit._Probe"]
-    runpy.run_path(sys.argv[0], run_name="__main__")
+    code = 0
+    try:
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    except SystemExit as exiting:  # the error path: its line said, the process ends with this status
+        code = exiting.code
     from tests.distributed.test_clean_exit import _Probe as Probe  # the class the CLI imported (not __main__'s)
 
-    print(f"rank {os.environ['RANK']} gloo threads during the run: {Probe.during}, after main: {gloo_threads()}")
+    rank = os.environ.get("RANK", "0")  # Lightning's launcher sets no RANK in the process it starts from
+    print(f"rank {rank} gloo threads during the run: {Probe.during}, after main: {gloo_threads()}", flush=True)
+    sys.exit(code)

@@ -12,7 +12,7 @@ import torch
 from jsonargparse import Namespace
 
 from app.checkpoint import CheckpointError, Checkpoints, From, RunIdentity
-from app.checkpoint.manager import hpc_checkpoints, last_checkpoints
+from app.checkpoint.manager import LAST, hpc_checkpoints, resumable_checkpoints
 from core.env import Launch
 from core.errors import DOCS_URL, error_line
 
@@ -32,7 +32,7 @@ def resolve_last(config: Namespace, subcommand: str) -> Path | None:
 
 
 def find_last_checkpoint(root: Path, dirpath: Path | None = None) -> Path | None:
-    return next(iter(last_checkpoints(root, dirpath)), None)
+    return next((p for p in resumable_checkpoints(root, dirpath) if p.name == f"{LAST}.ckpt"), None)
 
 
 def hpc_checkpoint(root: Path) -> Path | None:

@@ -26,7 +26,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from core.errors import with_link
+from core.errors import UserError, report
 
 IMAGE_SUFFIXES = {".jpeg", ".jpg", ".png", ".webp", ".bmp"}
 
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         counts = arrange(args.images, args.labels, args.out, args.devkit, args.train_dir)
     except (ValLayoutError, OSError) as err:
-        print(with_link(f"error: imagenet_val: {err}", "imagenet-val-layout"), file=sys.stderr)
+        report(UserError(f"imagenet_val: {err}", help="imagenet-val-layout"))  # the CLI's one error channel
         return 1
     total = sum(counts.values())
     print(f"linked {total} images into {len(counts)} class folders under {args.out} (symlinks, no copies)")

@@ -52,7 +52,7 @@ from torch.utils.data import Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 
 from core.env import slurm_task
-from core.errors import UserError
+from core.errors import UsageError, UserError, report
 from datamodules.base import available_cpus
 from datamodules.decode import Decoder, UnreadableImageError, _Skipped, decode, decode_for
 from datamodules.gpu_decode import draw
@@ -342,10 +342,10 @@ def main(argv: list[str] | None = None) -> int:
     conv.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     if args.max_side is not None and args.max_side < 8:
-        print(f"error: --max-side must be at least 8 pixels, got {args.max_side}", file=sys.stderr)
+        report(UsageError(f"--max-side must be at least 8 pixels, got {args.max_side}"))
         return 2
     if args.shard_images < 1 or not 0 <= args.task_index < args.num_tasks:
-        print("error: --shard-images must be positive and 0 <= --task-index < --num-tasks", file=sys.stderr)
+        report(UsageError("--shard-images must be positive and 0 <= --task-index < --num-tasks"))
         return 2
     options = Options(max_side=args.max_side, shard_images=args.shard_images, seed=args.seed, quality=args.quality)
     try:
@@ -353,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
             args.src, args.dst, options, args.workers, args.task_index, args.num_tasks, not args.no_progress
         )
     except (ShardsError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        report(err if isinstance(err, UserError) else UserError(str(err)))  # the CLI's one error channel
         return 1
     if manifest is None:
         print(

@@ -189,7 +189,8 @@ class EncodedBatch:
     __slots__ = ("data", "offsets", "geometry", "labels", "names", "skipped")
 
     def __init__(self, samples: list[tuple[bytes, tuple, int, str]], skipped: list[str]) -> None:
-        self.data = torch.from_numpy(np.frombuffer(b"".join(s[0] for s in samples), dtype=np.uint8).copy())
+        # one copy of the bytes (a bytearray is writable: the tensor shares it instead of copying it again)
+        self.data = torch.frombuffer(bytearray().join(s[0] for s in samples), dtype=torch.uint8)
         self.offsets = torch.tensor([0, *np.cumsum([len(s[0]) for s in samples]).tolist()], dtype=torch.int64)
         self.geometry = torch.tensor([s[1] for s in samples], dtype=torch.float64).reshape(-1, len(GEOMETRY))
         self.labels = torch.tensor([s[2] for s in samples], dtype=torch.int64)

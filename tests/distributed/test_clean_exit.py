@@ -4,7 +4,8 @@ Before the fix, about one 2-process fit in six ended with "terminate called with
 SIGABRT after its training summary: a gloo worker thread freed a finished collective's tensors while Python was
 finalizing (see ``app.launch.group``). The race is intermittent, so one green run proves nothing: each of the runs
 below must end cleanly on both ranks, and so must every other 2-process ``cli.py`` job of the suite (dozens: each
-asserts its exit status). Tens of runs in a row: ``bash tools/exit_soak.sh 50``. Under torchrun every rank's exit
+asserts its exit status). Tens of runs in a row: ``bash tools/exit_soak.sh 50`` (``50 lost-rank``: rank 1 SIGKILLed,
+rank 0 must exit 1 with its line, not abort). Under torchrun every rank's exit
 status reaches the launcher's own; under Lightning's launcher rank 1 is a child of rank 0 whose status is lost, so
 there the output is the witness (libstdc++ prints "terminate called" before aborting).
 """

@@ -20,6 +20,7 @@ from tools.resume_probe import per_step
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.xdist_group("timing")]
 
 EPOCHS, BATCHES = 2, 50  # 100 steps: each attempt of the requeue jobs pays its start-up anyway
+# (of 32 images per rank: the steps place the faults; the default 256 would only make each attempt longer)
 HOLD = BATCHES + 20  # the step of the second epoch at which the SIGUSR1 job waits for the signal
 HOLD_CALLBACK = "tests.slurm.test_slurm_jobs.HoldUntilSignalled"
 
@@ -44,7 +45,7 @@ def fit_args(mnist_dir: Path, root: Path, epochs: int = EPOCHS, batches: int = B
     return [
         "fit", "--data.data_dir", str(mnist_dir), "--trainer.default_root_dir", str(root),
         "--trainer.max_epochs", str(epochs), "--trainer.limit_train_batches", str(batches),
-        "--trainer.limit_val_batches", "5", "--trainer.enable_progress_bar", "false",
+        "--trainer.limit_val_batches", "5", "--trainer.enable_progress_bar", "false", "--data.batch_size", "32",
         "--trainer.callbacks+=tools.resume_probe.SampleLog", f"--trainer.callbacks.folder={root}",
     ]  # fmt: skip
 

@@ -70,18 +70,19 @@ class Requeue:
                 )
             )
             return
+        # said before scontrol runs: the requeue ends this step at once (SIGTERM to every task, this one included), so
+        # a line printed after it returned could be lost; a failed requeue is said by the error line that follows
+        say(
+            f"SLURM: requeue {count + 1} of {budget} (scontrol requeue {job}, --launch.max_restarts): the job goes "
+            "back in the queue and resumes from its newest checkpoint. The line above names the node of the "
+            "fault; keep the job off it with sbatch --exclude NODE."
+        )
         try:
             out = subprocess.run(["scontrol", "requeue", str(job)], capture_output=True, text=True, timeout=60)
             failed = out.stderr.strip() or out.stdout.strip() if out.returncode != 0 else None
         except (OSError, subprocess.TimeoutExpired) as err:
             failed = str(err)
-        if failed is None:
-            say(
-                f"SLURM: requeue {count + 1} of {budget} (scontrol requeue {job}, --launch.max_restarts): the job goes "
-                "back in the queue and resumes from its newest checkpoint. The line above names the node of the "
-                "fault; keep the job off it with sbatch --exclude NODE."
-            )
-        else:
+        if failed is not None:
             report(
                 RestartsUsedUp(
                     f"SLURM: scontrol requeue {job} failed ({failed.splitlines()[0][:200]}), so the job fails. Fix: "

@@ -37,7 +37,9 @@ def test_a_requeue_that_cannot_be_made_says_why_and_names_the_fix(slurm_job, mon
     requeue = Requeue()
     requeue.arm(1, slurm_job, job(0))
     requeue.after_fault()
-    (line,) = capsys.readouterr().err.splitlines()
+    # the requeue's line comes first (scontrol's requeue ends the step at once: a line after it could be lost)
+    said, line = capsys.readouterr().err.splitlines()
+    assert said.startswith("SLURM: requeue 1 of 1 (scontrol requeue 4242, --launch.max_restarts)"), said
     assert line.startswith("error: SLURM: scontrol requeue 4242 failed (") and "#SBATCH --requeue" in line, line
 
 

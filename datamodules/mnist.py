@@ -73,7 +73,7 @@ def read_idx(path: Path, magic: int, shape: tuple[int, ...]) -> torch.Tensor:
             "Delete it and run again to re-fetch it, or replace it with the original file.",
             help="mnist-corrupt",
         )
-    return torch.frombuffer(bytearray(raw[header:]), dtype=torch.uint8).reshape(shape)
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8, offset=header).reshape(shape)
 
 
 def _from_torchvision(raw_dir: Path) -> None:
@@ -140,7 +140,9 @@ def load_split(data_dir: str | Path, train: bool) -> tuple[torch.Tensor, torch.T
             )
         tensors.append(read_idx(path, *FILES[name]))
     images, labels = tensors
-    return ((images.float() / 255.0 - MEAN) / STD).unsqueeze(1), labels.long()
+    # in place: out of place, each step allocated (and the kernel zero-filled) another 188 MB for the training split,
+    # ~0.75 s of every MNIST fit's set-up on a CPU; the same operations in the same order, so the same values
+    return images.float().div_(255.0).sub_(MEAN).div_(STD).unsqueeze(1), labels.long()
 
 
 class MNISTDataModule(ImageDataModule):

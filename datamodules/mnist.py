@@ -125,8 +125,8 @@ def ensure_mnist(data_dir: str | Path) -> Path:
     )
 
 
-def load_split(data_dir: str | Path, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns normalised float images [N, 1, 28, 28] and int64 labels for the training or the test split."""
+def read_split(data_dir: str | Path, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns the raw uint8 images [N, 28, 28] and int64 labels of the training or the test split."""
     prefix = "train" if train else "t10k"
     tensors = []
     for kind in ("images", "labels"):
@@ -140,9 +140,22 @@ def load_split(data_dir: str | Path, train: bool) -> tuple[torch.Tensor, torch.T
             )
         tensors.append(read_idx(path, *FILES[name]))
     images, labels = tensors
-    # in place: out of place, each step allocated (and the kernel zero-filled) another 188 MB for the training split,
-    # ~0.75 s of every MNIST fit's set-up on a CPU; the same operations in the same order, so the same values
-    return images.float().div_(255.0).sub_(MEAN).div_(STD).unsqueeze(1), labels.long()
+    return images, labels.long()
+
+
+def normalise(images: torch.Tensor) -> torch.Tensor:
+    """uint8 images [N, 28, 28] as the normalised float images [N, 1, 28, 28] the models read.
+
+    In place: out of place, each step allocated (and the kernel zero-filled) another 188 MB for the training split,
+    ~0.75 s of every MNIST fit's set-up on a CPU. The same operations in the same order: the same values.
+    """
+    return images.float().div_(255.0).sub_(MEAN).div_(STD).unsqueeze(1)
+
+
+def load_split(data_dir: str | Path, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns normalised float images [N, 1, 28, 28] and int64 labels for the training or the test split."""
+    images, labels = read_split(data_dir, train)
+    return normalise(images), labels
 
 
 class MNISTDataModule(ImageDataModule):
@@ -194,21 +207,24 @@ class MNISTDataModule(ImageDataModule):
             return [workers_conflict(workers)]
         return []
 
-    def _split(self, images: torch.Tensor, labels: torch.Tensor, indices: list[int] | None = None) -> Dataset:
-        """One split as the resident tensors on the training device, or as the loader path's dataset."""
+    def _splits(self, images: torch.Tensor, labels: torch.Tensor, *indices: list[int] | None) -> list[Dataset]:
+        """Splits of the raw images (:func:`read_split`; ``None``: all of them) as the resident tensors on the
+        training device, or as the loader path's subsets of one normalised set. Resident, each split's rows are
+        taken from the raw bytes before they become floats: no float copy of the whole set is made."""
         if self.resident is None:
             device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
-            whole = 70000 * (images[0].numel() * images.element_size() + labels.element_size())  # train + test
+            whole = 70000 * (images[0].numel() * 4 + labels.element_size())  # train + test, float32 images
             self.resident, line = decide(self.hparams.resident, self.num_workers, whole, device)
             self.device = device
             rank_zero_info(line)
         if not self.resident:
-            full = TensorDataset(images, labels)
-            return full if indices is None else torch.utils.data.Subset(full, indices)
-        if indices is not None:
-            index = torch.as_tensor(indices)
-            images, labels = images[index], labels[index]
-        return ResidentTensors(images, labels, indices=indices).to(self.device)
+            full = TensorDataset(normalise(images), labels)
+            return [full if rows is None else torch.utils.data.Subset(full, rows) for rows in indices]
+        splits = []
+        for rows in indices:
+            x, y = (images, labels) if rows is None else (images[torch.as_tensor(rows)], labels[torch.as_tensor(rows)])
+            splits.append(ResidentTensors(normalise(x), y, indices=rows).to(self.device))
+        return splits
 
     def prepare_data(self) -> None:
         if self.hparams.download:
@@ -217,14 +233,13 @@ class MNISTDataModule(ImageDataModule):
     def setup(self, stage: str | None = None) -> None:
         super().setup(stage)  # per-device batch from global_batch_size, workers check
         if stage in ("fit", "validate", None) and not hasattr(self, "train_set"):
-            images, labels = load_split(self.data_dir, train=True)
+            images, labels = read_split(self.data_dir, train=True)
             n_val = self.hparams.val_size
             generator = torch.Generator().manual_seed(self.hparams.seed)
             train, val = random_split(range(len(labels)), [len(labels) - n_val, n_val], generator=generator)
-            self.train_set = self._split(images, labels, train.indices)
-            self.val_set = self._split(images, labels, val.indices)
+            self.train_set, self.val_set = self._splits(images, labels, train.indices, val.indices)
         if stage in ("test", "predict", None) and not hasattr(self, "test_set"):
-            self.test_set = self._split(*load_split(self.data_dir, train=False))
+            (self.test_set,) = self._splits(*read_split(self.data_dir, train=False), None)
 
     def _loader(self, dataset, shuffle: bool) -> DataLoader:
         # the base adds the unpadded evaluation sampler under distributed strategies (exact validation)

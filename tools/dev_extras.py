@@ -2,9 +2,9 @@
 ImageNet devkit's ``meta.mat`` in its test), kept by ``make venv`` in ``.venv/extras``, off the interpreter's path.
 
 Installed into the environment itself, they are found by torchmetrics (imported by Lightning), which then imports
-``scipy.signal`` and ``matplotlib.pyplot`` in every process: 1.4 of each ``cli.py`` start's 4.9 CPU-s on this
-project's 2-core test machine, paid by each of the test suite's ~300 processes, though a user's environment (without
-them) starts in 3.5. What needs them calls :func:`use_dev_extras` first; the real photos come out of the wheels of
+``scipy.signal`` and ``matplotlib.pyplot`` in every process: ``import app.command`` took 4.9 CPU-s on this
+project's 2-core test machine instead of a user's 3.5 (an environment without them), in each of the test suite's ~300
+processes. What needs them calls :func:`use_dev_extras` first; the real photos come out of the wheels of
 scikit-image, scikit-learn and matplotlib into ``.venv/photos`` (``tools.photos``), no install needed.
 """
 

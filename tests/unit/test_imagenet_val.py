@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -117,13 +118,19 @@ def test_official_ground_truth_ids_through_the_devkit(flat, tmp_path):
 
 
 def test_the_devkit_without_scipy_is_one_line_naming_the_install(flat, tmp_path):
-    """scipy is no dependency of the app: the converter, started as a user starts it in an environment without scipy
-    (the tests' own keeps it off the path, ``tools.dev_extras``), says what to install."""
+    """scipy is no dependency of the app: the converter, started as a user starts it in an environment without scipy,
+    says what to install. The tests' environment keeps scipy off the path (``tools.dev_extras``); one that has it
+    installed (``make test-compat``'s) gets a ``scipy`` that cannot be imported first on the path, as if it had none."""
     labels = tmp_path / "ILSVRC2012_validation_ground_truth.txt"
     labels.write_text("\n".join(str(ILSVRC_ID[w]) for w in TRUTH) + "\n")
     (tmp_path / "devkit" / "data").mkdir(parents=True)
+    absent = tmp_path / "without_scipy" / "scipy"
+    absent.mkdir(parents=True)
+    (absent / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'scipy'\", name='scipy')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(absent.parent), os.environ.get("PYTHONPATH", "")])}
     command = [sys.executable, "-m", "datamodules.imagenet_val", str(flat), str(labels), "--out", str(tmp_path / "val")]
-    done = subprocess.run([*command, "--devkit", str(tmp_path / "devkit")], cwd=ROOT, capture_output=True, text=True)
+    command += ["--devkit", str(tmp_path / "devkit")]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     (line,) = done.stderr.splitlines()
     assert (

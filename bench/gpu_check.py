@@ -405,14 +405,19 @@ def nosync(ctx: Context) -> list[dict]:
     return [row]
 
 
+def photos_env() -> dict[str, str] | None:
+    """``$BENCH_PHOTOS`` for a step's process, when ``make gpu-wheels`` left the test photos in ``.gpu-wheels/photos``
+    (the GPU image has no scikit-image, scikit-learn, matplotlib, whose wheels they come from)."""
+    photos = ROOT / ".gpu-wheels" / "photos"
+    return {"BENCH_PHOTOS": str(photos)} if photos.is_dir() else None
+
+
 TESTS_BOX_S = 110  # tests/gpu, the GPU decoding ones included
 
 
 def gpu_tests(ctx: Context) -> list[dict]:
     pytest = [sys.executable, "-m", "pytest", "tests/gpu", "-q", "-p", "no:cacheprovider", "-rs"]
-    photos = ROOT / ".gpu-wheels" / "photos"  # the GPU image has no scikit-image, scikit-learn, matplotlib
-    env = {"BENCH_PHOTOS": str(photos)} if photos.is_dir() else None
-    return [_subprocess_step("tests/gpu", pytest, box(TESTS_BOX_S), env)]
+    return [_subprocess_step("tests/gpu", pytest, box(TESTS_BOX_S), photos_env())]
 
 
 BENCH_BOX_S = 140
@@ -434,9 +439,7 @@ def e2e(ctx: Context) -> list[dict]:
     command = [sys.executable, "-m", "bench.imagenet_e2e", "--determinism", "--recipes", "classic,modern"]
     command += ["--out", str(ctx.out)]
     command += ["--smoke"] if CPU else []
-    photos = ROOT / ".gpu-wheels" / "photos"  # the GPU image has no scikit-image, scikit-learn, matplotlib
-    env = {"BENCH_PHOTOS": str(photos)} if photos.is_dir() else None
-    row = _subprocess_step("ImageNet end to end from JPEG files", command, box(E2E_BOX_S), env)
+    row = _subprocess_step("ImageNet end to end from JPEG files", command, box(E2E_BOX_S), photos_env())
     row["proves"] = (
         "img/s from JPEGs per decoder, classic and modern recipe, vs the synthetic compiled rate; data wait; compile "
         "cache; determinism"

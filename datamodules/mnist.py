@@ -222,8 +222,8 @@ class MNISTDataModule(ImageDataModule):
             return [full if rows is None else torch.utils.data.Subset(full, rows) for rows in indices]
         splits = []
         for rows in indices:
-            x, y = (images, labels) if rows is None else (images[torch.as_tensor(rows)], labels[torch.as_tensor(rows)])
-            splits.append(ResidentTensors(normalise(x), y, indices=rows).to(self.device))
+            index = slice(None) if rows is None else torch.as_tensor(rows)
+            splits.append(ResidentTensors(normalise(images[index]), labels[index], indices=rows).to(self.device))
         return splits
 
     def prepare_data(self) -> None:

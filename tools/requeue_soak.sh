@@ -10,8 +10,8 @@ n=${1:-20}
 dir=${SOAK_DIR:-$(mktemp -d /tmp/requeue-soak.XXXX)}
 mkdir -p "$dir"
 python=${PYTHON:-$PWD/.venv/bin/python}
-task="from pathlib import Path; import time; from app.launch.requeue import Requeue; from core.env import detect
-r = Requeue(); r.arm(1, Path('$dir/run_' + __import__('os').environ['SLURM_JOB_ID']), detect()); r.after_fault()
+task="import os, time; from pathlib import Path; from app.launch.requeue import Requeue; from core.env import detect
+r = Requeue(); r.arm(1, Path('$dir/run_' + os.environ['SLURM_JOB_ID']), detect()); r.after_fault()
 time.sleep(60)"
 bad=0
 for i in $(seq 1 "$n"); do

@@ -212,6 +212,12 @@ class StartEarly(Callback):
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self.watch.setup(trainer, pl_module, stage)
 
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        # first of the callbacks, so the watch stops before one of them ends the process from its own on_exception
+        # (app.callbacks.LostRank raises there): a watch thread left inside a store call when the interpreter
+        # finalizes is ended in a C++ frame, and libstdc++ aborts ("terminate called", SIGABRT after the error line)
+        self.watch._end()
+
 
 class _Watchdog(threading.Thread):
     """The thread of one rank: publishes its progress, answers rank 0's questions; on rank 0, judges."""

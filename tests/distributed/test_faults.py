@@ -91,9 +91,13 @@ def args(root: Path, data_dir: Path, *extra: str) -> list[str]:
     ]
 
 
-def start(root: Path, data_dir: Path, *extra: str) -> subprocess.Popen:
-    """``python cli.py fit ...`` in its own session (so the test can find and signal all of its processes)."""
+def start(root: Path, data_dir: Path, *extra: str, threads_at_exit: Path | None = None) -> subprocess.Popen:
+    """``python cli.py fit ...`` in its own session (so the test can find and signal all of its processes);
+    ``threads_at_exit``: each process writes the threads it still has at exit to ``<that path>.<pid>``."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if threads_at_exit:
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests/fixtures/threads_at_exit"), env.get("PYTHONPATH", "")])
+        env["THREADS_AT_EXIT"] = str(threads_at_exit)
     return subprocess.Popen(
         [sys.executable, str(ROOT / "cli.py"), *args(root, data_dir, *extra)], cwd=root.parent, env=env, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
@@ -143,6 +147,16 @@ def finish(job: subprocess.Popen, timeout: float) -> tuple[int, str, float]:
         os.killpg(job.pid, signal.SIGKILL)
         raise AssertionError(f"the job did not end within {timeout} s:\n{job.communicate()[0][-4000:]}") from None
     return job.returncode, out, time.monotonic() - t0
+
+
+def watch_stopped(threads_at_exit: Path, pid: int) -> None:
+    """The rank that said the lost rank had stopped its hang watch when it exited (one left running may be inside a
+    store call when the interpreter ends it: an abort, "terminate called without an active exception")."""
+    written = Path(f"{threads_at_exit}.{pid}")
+    if not written.exists():  # Lightning's poller saw the dead rank first: os._exit, no finalization to abort in
+        return
+    left = written.read_text().split()
+    assert "hang-watch" not in left, left
 
 
 def nothing_left(sid: int) -> None:
@@ -212,7 +226,7 @@ def test_ddp_sigterm_then_resume_then_a_killed_rank_is_named(mnist_dir, tmp_path
 
     for r in (0, 1):
         (root / "heartbeat" / f"rank{r}").unlink()
-    job = start(root, mnist_dir, *ddp, "--ckpt_path", "last")
+    job = start(root, mnist_dir, *ddp, "--ckpt_path", "last", threads_at_exit=tmp_path / "threads")
     beat = wait_for_step(job, root, ranks=2, step=saved + 2)
     assert [first for _, _, first in beat] == [saved + 1] * 2, (beat, saved)  # continued where it stopped
     rank1_pid = beat[1][0]
@@ -225,6 +239,7 @@ def test_ddp_sigterm_then_resume_then_a_killed_rank_is_named(mnist_dir, tmp_path
     assert said[0].startswith(f"error: lost rank 1 of 2 (on {node_name()}: rank 1 pid {rank1_pid} exit -9;"), said
     assert_documented(out, "lost-rank")  # ends with the link to its section, as docs/troubleshooting.md quotes it
     assert seconds < WELL_INSIDE, f"rank 0 took {seconds:.1f} s to exit; --launch.timeout is {LAUNCH_TIMEOUT} s"
+    watch_stopped(tmp_path / "threads", job.pid)
     nothing_left(job.pid)
 
 
@@ -268,7 +283,17 @@ def test_a_killed_loader_worker_is_one_line_naming_its_rank_pid_and_signal(mnist
     left, and the last checkpoint is intact."""
     root = tmp_path / "run"
     ddp = ["--trainer.strategy", "ddp", "--trainer.devices", "2", "--launch.timeout", str(LAUNCH_TIMEOUT)]
-    job = start(root, mnist_dir, *ddp, "--data.num_workers", "2", "--checkpoint.every_n_train_steps", "2")
+    threads = tmp_path / "threads"
+    job = start(
+        root,
+        mnist_dir,
+        *ddp,
+        "--data.num_workers",
+        "2",
+        "--checkpoint.every_n_train_steps",
+        "2",
+        threads_at_exit=threads,
+    )
     _, (rank1_pid, _, _) = wait_for_step(job, root, ranks=2, step=3)
     workers = loader_workers(rank1_pid)
     assert len(workers) >= 2, workers  # its training workers (and the validation's, which persist)
@@ -282,6 +307,7 @@ def test_a_killed_loader_worker_is_one_line_naming_its_rank_pid_and_signal(mnist
     ), line
     assert code == 1 and "Traceback" not in out, out[-4000:]
     step_of(root / "version_0" / "checkpoints" / "last.ckpt")  # reads
+    watch_stopped(threads, job.pid)  # rank 0, which said rank 1 was lost
     nothing_left(job.pid)
 
 

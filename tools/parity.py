@@ -82,7 +82,8 @@ def _trainer(root: Any, steps: int, **kwargs: Any) -> Any:
 
     config = root.trainer
     ema = EMA(**(root.get("ema") or {}))
-    kwargs["callbacks"] = [TrainingWeights(), *([ema] if ema.enabled else []), *kwargs.get("callbacks", [])]
+    averaging = [TrainingWeights(), ema] if ema.enabled else []  # the training weights only matter beside an average
+    kwargs["callbacks"] = [*averaging, *kwargs.get("callbacks", [])]
     plugins = kwargs.pop("plugins", [])  # a precision plugin given here replaces the config's precision
     settings = {
         "max_steps": steps,
@@ -130,8 +131,10 @@ def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([t.detach().double().cpu().reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
 
 
-def _digest(tensors: list[torch.Tensor]) -> str:
-    return hashlib.sha256(_flat(tensors).numpy().tobytes()).hexdigest()
+def _digest(tensors: list[torch.Tensor] | torch.Tensor) -> str:
+    """SHA-256 of the tensors flattened as :func:`_flat` does (or of a tensor :func:`_flat` returned)."""
+    flat = tensors if isinstance(tensors, torch.Tensor) else _flat(tensors)
+    return hashlib.sha256(flat.numpy()).hexdigest()  # the array's own buffer: no copy of its bytes
 
 
 def _same_on_all_ranks(value: Any) -> bool:
@@ -166,13 +169,13 @@ def _sampler_facts(loader: DataLoader) -> dict[str, Any]:
     }
 
 
-def _facts(trainer: Any, model: nn.Module, initial: torch.Tensor, checkpoint: Path) -> dict[str, Any]:
-    """What one mode's run left on this rank (the same on every rank, or the mode is broken)."""
-    params = list(model.parameters())
+def _facts(trainer: Any, model: nn.Module, flat: torch.Tensor, initial: torch.Tensor, checkpoint: Path) -> dict:
+    """What one mode's run left on this rank (the same on every rank, or the mode is broken); ``flat``: the model's
+    parameters as :func:`_flat` returns them."""
     facts = {
-        "ranks_identical": _same_on_all_ranks(_digest(params)),
+        "ranks_identical": _same_on_all_ranks(_digest(flat)),
         "steps": trainer.global_step,
-        "moved": (_flat(params) - initial).abs().max().item(),
+        "moved": (flat - initial).abs().max().item(),
     }
     scaler = getattr(trainer.precision_plugin, "scaler", None)
     if scaler is not None:
@@ -212,14 +215,14 @@ def _run_scenario(scenario: dict, steps: int, nproc: int, workdir: Path, acceler
         trainer.fit(model, datamodule=datamodule)
         if "sampler" not in out:
             out["sampler"] = _sampler_facts(trainer.train_dataloader)
-        out["modes"][mode] = _facts(trainer, model, initial, workdir / f"{scenario['name']}.{mode}.ckpt")
+        flat = _flat(list(model.parameters()))  # the average, for a run that kept one
+        out["modes"][mode] = _facts(trainer, model, flat, initial, workdir / f"{scenario['name']}.{mode}.ckpt")
         if averaged(trainer):  # how far the average is from the training weights: what its comparison can see
-            average = _flat(list(model.parameters()))
-            out["modes"][mode]["average_vs_training"] = (average - training_weights(trainer)).abs().max().item()
+            out["modes"][mode]["average_vs_training"] = (flat - training_weights(trainer)).abs().max().item()
         if any(m._compiled_call_impl is not None for m in model.modules()):  # torch.compile made (or reused) graphs
             out["modes"][mode]["compiled_graphs"] = _compiled_graphs() - graphs
         if dist.get_rank() == 0:
-            torch.save(_flat(list(model.parameters())), workdir / f"{scenario['name']}.{mode}.pt")
+            torch.save(flat, workdir / f"{scenario['name']}.{mode}.pt")
             if averaged(trainer):
                 torch.save(training_weights(trainer), workdir / f"{scenario['name']}.{mode}.training.pt")
     return out

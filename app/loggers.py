@@ -222,15 +222,17 @@ class TrackingConfigCallback(SaveConfigCallback):
 
     _config_text: str | None = None
     _jobs: dict[str, str | None] | None = None
+    _resolved: dict[str, Any] | None = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._config_text = config_text(self.parser, self.config)
+        # dumped once for the checkpoints and the hyperparameters: a dump validates the whole configuration again
+        self._resolved = yaml.safe_load(self.parser.dump(self.config, skip_unset=False))
+        self._config_text = yaml.safe_dump(redact(self._resolved))  # = config_text(self.parser, self.config)
         self._jobs = jobs_of(detect())  # what a restarted worker group and a requeued job look for
         super().setup(trainer, pl_module, stage)
 
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        config = yaml.safe_load(self.parser.dump(self.config, skip_unset=False))
-        params = redact({**config, "env": environment(trainer)})
+        params = redact({**(self._resolved or {}), "env": environment(trainer)})
         for logger in trainer.loggers:
             logger.log_hyperparams(params)
 

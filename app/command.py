@@ -46,6 +46,7 @@ from app.loggers import (
     config_text,
     continue_run_of,
     prepare_loggers,
+    resolved_config,
     run_dir_for_loggers,
     write_to_run_dir,
 )
@@ -269,7 +270,7 @@ class CLI(LightningCLI):
         if getattr(self, "_checkpoint", None) is not None:  # before the Trainer's load_state_dict error wall
             check_fits(self._checkpoint, config.ckpt_path, self.model, self.model.hparams.get("arch"))
         if self.subcommand == "fit" and self._checkpoint is not None:  # settings changed since the checkpoint's run
-            current = yaml.safe_load(config_text(self._parser(self.subcommand), config))
+            current = yaml.safe_load(config_text(resolved_config(self._parser(self.subcommand), config)))
             saved = RunIdentity.of(self._checkpoint).configuration()
             self.trainer.callbacks.append(ChangedSettings(saved, current))
         if self.subcommand == "fit" and self.trainer.checkpoint_callback is not None:

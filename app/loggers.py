@@ -205,9 +205,14 @@ def environment(trainer: Trainer) -> dict[str, Any]:
     }
 
 
-def config_text(parser: Any, config: Any) -> str:
-    """A run's whole configuration as YAML, credentials redacted: what checkpoints keep of it."""
-    return yaml.safe_dump(redact(yaml.safe_load(parser.dump(config, skip_unset=False))))
+def resolved_config(parser: Any, config: Any) -> dict[str, Any]:
+    """A run's whole configuration as plain data: one jsonargparse dump (each validates the whole configuration)."""
+    return yaml.safe_load(parser.dump(config, skip_unset=False))
+
+
+def config_text(resolved: dict[str, Any]) -> str:
+    """A :func:`resolved_config` as YAML, credentials redacted: what checkpoints keep of it."""
+    return yaml.safe_dump(redact(resolved))
 
 
 class TrackingConfigCallback(SaveConfigCallback):
@@ -225,9 +230,8 @@ class TrackingConfigCallback(SaveConfigCallback):
     _resolved: dict[str, Any] | None = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        # dumped once for the checkpoints and the hyperparameters: a dump validates the whole configuration again
-        self._resolved = yaml.safe_load(self.parser.dump(self.config, skip_unset=False))
-        self._config_text = yaml.safe_dump(redact(self._resolved))  # = config_text(self.parser, self.config)
+        self._resolved = resolved_config(self.parser, self.config)  # for the checkpoints and the hyperparameters
+        self._config_text = config_text(self._resolved)
         self._jobs = jobs_of(detect())  # what a restarted worker group and a requeued job look for
         super().setup(trainer, pl_module, stage)
 

@@ -284,16 +284,8 @@ def test_a_killed_loader_worker_is_one_line_naming_its_rank_pid_and_signal(mnist
     root = tmp_path / "run"
     ddp = ["--trainer.strategy", "ddp", "--trainer.devices", "2", "--launch.timeout", str(LAUNCH_TIMEOUT)]
     threads = tmp_path / "threads"
-    job = start(
-        root,
-        mnist_dir,
-        *ddp,
-        "--data.num_workers",
-        "2",
-        "--checkpoint.every_n_train_steps",
-        "2",
-        threads_at_exit=threads,
-    )
+    saves = ["--data.num_workers", "2", "--checkpoint.every_n_train_steps", "2"]
+    job = start(root, mnist_dir, *ddp, *saves, threads_at_exit=threads)
     _, (rank1_pid, _, _) = wait_for_step(job, root, ranks=2, step=3)
     workers = loader_workers(rank1_pid)
     assert len(workers) >= 2, workers  # its training workers (and the validation's, which persist)

@@ -2,11 +2,14 @@
 elastic agent runs the ranks (``app.launch.elastic``) and a fault heals itself; under ``torchrun --max-restarts K``
 the same. Real 2-process gloo jobs on MNIST:
 
-- rank 1 SIGKILLed mid-epoch (in the first attempt only): the job exits 0 in one run folder, says once that the group
-  restarts, and ends with the same weights bit for bit and the same samples at each step as the same command never
-  interrupted under Lightning's own launcher (``--launch.max_restarts 0``);
-- on each launcher, one job with three faults in turn: rank 1 SIGKILLed as it starts, then asleep until the hang
-  watch ends the attempt, then a worker of its DataLoader SIGKILLed; the same end;
+- under Lightning's launcher, rank 1 asleep mid-epoch 0 until the hang watch ends the attempt, then SIGKILLed
+  mid-epoch 1: the job exits 0 in one run folder, says each restart once, and ends with the same weights bit for bit
+  and the same samples at each step as the same command never interrupted under Lightning's own launcher
+  (``--launch.max_restarts 0``);
+- under torchrun, one job with four faults in turn: rank 1 SIGKILLed as it starts, then stuck while the job starts,
+  then asleep until the hang watch ends the attempt, then a worker of its DataLoader SIGKILLed; the same end. (A rank
+  dead at start and a lost loader worker end the rank as a SIGKILL does, as the agent sees them; the agent is the
+  same code under both launchers, so each fault runs on one of them.)
 - rank 1 SIGKILLed in every attempt: the restarts are used up, the parent exits 1 with one ``error:`` line and no
   traceback;
 - SIGTERM to the parent: the agent stops the ranks, which save ``last.ckpt`` and exit.
@@ -116,15 +119,20 @@ def uninterrupted(mnist_dir, tmp_path_factory) -> Path:
     return root
 
 
-def assert_healed(out: str, root: Path, reference: Path) -> None:
-    """One restart, said once; resumed from the mid-epoch save; the uninterrupted
-    job's weights and samples."""
-    assert "launcher     torch's elastic agent, started by this process (--launch.max_restarts 2)" in out, out[-4000:]
-    said = [line for line in out.splitlines() if "restarts the worker group" in line]
-    assert len(said) == 1 and all("(restart 1 of 2)" in line for line in said), said
+def assert_healed(out: str, root: Path, reference: Path, resumed: list[int]) -> None:
+    """Each restart in ``resumed`` resumed the newest ``last.ckpt`` through its node-local copy (the launcher restarts
+    in place; the copy is removed when the job ends); the job ends with the uninterrupted job's weights and samples in
+    one run folder, and its training summary counts each fault healed and the time it cost."""
+    assert "Traceback" not in out, out[-6000:]
     last = root / "version_0" / "checkpoints" / "last.ckpt"
-    assert f"resume: {last} (torchrun restart 1: the newest last.ckpt of job" in out, out[-4000:]
-    assert "Traceback" not in out, out[-4000:]
+    for restart in resumed:
+        assert f"resume: {last} (torchrun restart {restart}: the newest last.ckpt of job" in out, out[-6000:]
+    local = local_folder(last.parent) / "last.ckpt"
+    reads = [line for line in out.splitlines() if line.startswith("resume: reading ")]
+    assert reads == [f"resume: reading {local}, the node-local copy of {last} (the same SHA-256)"] * len(resumed), out[
+        -6000:
+    ]
+    assert not local.parent.exists()  # removed when the job ended
     ours, theirs = last_of(root), last_of(reference)
     assert ours["global_step"] == EPOCHS * BATCHES
     assert ours["state_dict"].keys() == theirs["state_dict"].keys()
@@ -132,18 +140,34 @@ def assert_healed(out: str, root: Path, reference: Path) -> None:
     for rank in (0, 1):
         steps = per_step(root, rank)
         assert len(steps) == EPOCHS * BATCHES and steps == per_step(reference, rank), rank
-    # the training summary counts the fault healed and the time it cost (from the resumed save to the next step)
-    (fault,) = json.loads((root / "version_0" / "summary.json").read_text())["faults"]
-    assert fault["restart"] == 1 and fault["launcher"] == "torch's elastic agent" and fault["lost_s"] > 0, fault
-    assert re.search(r"^ *restarts +1 \(torch's elastic agent\), ", out, re.M), out[-3000:]
+    faults = json.loads((root / "version_0" / "summary.json").read_text())["faults"]
+    assert [f["restart"] for f in faults] == resumed, faults
+    assert all(f["launcher"] == "torch's elastic agent" and f["lost_s"] > 0 for f in faults), faults
 
 
-def test_a_killed_rank_restarts_the_group_which_ends_as_the_uninterrupted_run(mnist_dir, tmp_path, uninterrupted):
-    kill = fault("SignalAt", "--trainer.callbacks.sigkill", "true")
-    code, out = run(job_args(mnist_dir, tmp_path, "--launch.max_restarts", "2", *kill), tmp_path)
-    assert code == 0, out[-5000:]
-    assert f"torchrun: lost rank 1 of 2 (on {socket.gethostname()}: " in out, out[-5000:]  # the lost rank's node
-    assert_healed(out, tmp_path, uninterrupted)
+def hang_lines(out: str) -> list[str]:
+    """The allowance each hang watch diagnosis of rank 1 names, in order."""
+    hangs = [line for line in out.splitlines() if line.startswith("error: hang watch: rank 1 of 2 is stuck")]
+    return [line.split(" s ")[-1].split(" Help:")[0] for line in hangs]
+
+
+def test_under_lightnings_launcher_a_hung_rank_then_a_killed_rank_each_restart_the_group(
+    mnist_dir, tmp_path, uninterrupted
+):
+    """``--launch.max_restarts 2``: rank 1 asleep mid-epoch 0 until the hang watch ends the attempt (attempt 0), then
+    SIGKILLed mid-epoch 1 (attempt 1). Each restart is said once and resumes the newest ``last.ckpt``."""
+    faults = fault("HangAt", step=6, attempt=0)
+    faults += fault("SignalAt", "--trainer.callbacks.sigkill", "true", attempt=1)
+    args = job_args(mnist_dir, tmp_path, "--launch.max_restarts", "2", "--launch.hang_timeout", "10", *faults)
+    code, out = run(args, tmp_path)
+    assert code == 0, out[-6000:]
+    assert "launcher     torch's elastic agent, started by this process (--launch.max_restarts 2)" in out, out[-4000:]
+    assert hang_lines(out) == ["(--launch.hang_timeout 10)."], out[-6000:]
+    assert f"torchrun: lost rank 1 of 2 (on {socket.gethostname()}: " in out, out[-6000:]  # the lost rank's node
+    said = [line for line in out.splitlines() if "restarts the worker group" in line]
+    assert len(said) == 2 and all(f"(restart {n} of 2)" in line for n, line in enumerate(said, 1)), said
+    assert_healed(out, tmp_path, uninterrupted, resumed=[1, 2])
+    assert re.search(r"^ *restarts +2 \(torch's elastic agent\), ", out, re.M), out[-3000:]
 
 
 def test_restarts_used_up_end_the_job_with_one_line(mnist_dir, tmp_path):
@@ -175,55 +199,28 @@ def test_sigterm_to_the_parent_stops_every_rank(mnist_dir, tmp_path):
     assert last_of(tmp_path)["global_step"] >= 3  # the ranks stopped at a step boundary with a checkpoint
 
 
-@pytest.mark.parametrize("launcher", ["lightning", "torchrun"])
-def test_a_rank_dead_at_start_a_hung_rank_and_a_killed_loader_worker_each_heal(
-    mnist_dir, tmp_path, uninterrupted, launcher
+def test_under_torchrun_a_rank_dead_at_start_stuck_starting_hung_and_a_lost_loader_worker_each_heal(
+    mnist_dir, tmp_path, uninterrupted
 ):
-    """One fault per attempt, all on rank 1: SIGKILLed as it reads its configuration, before the process group forms
-    (attempt 0); under torchrun only, asleep in ``on_train_start`` until the hang watch's start-up allowance
-    (``--launch.startup_timeout``) ends the attempt; asleep mid-epoch 0 until the hang watch ends the attempt; a worker
-    of its training DataLoader SIGKILLed mid-epoch 1. Restarts allowed: 3 (``--launch.max_restarts 3``) under
-    Lightning's launcher, 4 under ``torchrun --max-restarts 4``. The last attempt ends the job in one run folder with
-    the uninterrupted run's weights and samples. The restarts that resume read the node-local copy of ``last.ckpt``
-    (the launcher restarts in place), which the job removes when it ends."""
+    """``torchrun --max-restarts 4``, one fault per attempt, all on rank 1: SIGKILLed as it reads its configuration,
+    before the process group forms (attempt 0); asleep in ``on_train_start`` until the hang watch's start-up
+    allowance (``--launch.startup_timeout``) ends the attempt (1); asleep mid-epoch 0 until the hang watch ends the
+    attempt (2); a worker of its training DataLoader SIGKILLed mid-epoch 1 (3). The last attempt ends the job in one
+    run folder with the uninterrupted run's weights and samples."""
     faults = ["--trainer.callbacks+=tools.resume_probe.DieStarting", "--trainer.callbacks.attempt", "0"]
-    first = 1
-    if launcher == "torchrun":  # also stuck while starting: restart 2 starts from scratch again, nothing was saved
-        faults += ["--trainer.callbacks+=tools.resume_probe.HangIn", "--trainer.callbacks.attempt", "1"]
-        faults += ["--launch.startup_timeout", "20"]
-        first = 2
-    faults += fault("HangAt", step=6, attempt=first)
-    faults += fault("KillLoaderWorkerAt", step=FAULT_AT, attempt=first + 1)
-    resumed = [first + 1, first + 2]  # the restarts after the mid-epoch faults resume a checkpoint
+    faults += ["--trainer.callbacks+=tools.resume_probe.HangIn", "--trainer.callbacks.attempt", "1"]
+    faults += ["--launch.startup_timeout", "20"]
+    faults += fault("HangAt", step=6, attempt=2)
+    faults += fault("KillLoaderWorkerAt", step=FAULT_AT, attempt=3)
     args = job_args(mnist_dir, tmp_path, "--launch.hang_timeout", "10", "--data.num_workers", "1", *faults)
-    if launcher == "torchrun":
-        args = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--max-restarts", "4", *args]
-        plan = "launcher     torchrun"
-    else:
-        args = [*args, "--launch.max_restarts", "3"]
-        plan = "launcher     torch's elastic agent, started by this process (--launch.max_restarts 3)"
+    args = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--max-restarts", "4", *args]
     code, out = run(args, tmp_path, timeout=400)
-    assert code == 0 and "Traceback" not in out, out[-6000:]
-    assert plan in out, out[-6000:]
-    hangs = [line for line in out.splitlines() if line.startswith("error: hang watch: rank 1 of 2 is stuck")]
-    allowances = ["(--launch.startup_timeout 20: the job is starting)."] * (first - 1) + ["(--launch.hang_timeout 10)."]
-    assert [line.split(" s ")[-1].split(" Help:")[0] for line in hangs] == allowances, hangs
+    assert code == 0, out[-6000:]
+    assert "launcher     torchrun" in out, out[-6000:]
+    allowances = ["(--launch.startup_timeout 20: the job is starting).", "(--launch.hang_timeout 10)."]
+    assert hang_lines(out) == allowances, out[-6000:]
     assert f"error: rank 1 (host {socket.gethostname()}): its DataLoader worker (pid " in out, out[-6000:]
-    last = tmp_path / "version_0" / "checkpoints" / "last.ckpt"
-    if launcher == "torchrun":  # stuck in restart 1 before any save: restart 2 starts over in the same folder
-        assert "resume: nothing saved yet; continuing version_0, which this job started" in out, out[-6000:]
-    for restart in resumed:  # restart 1 started from scratch: nothing was saved when rank 1 died starting
-        assert f"resume: {last} (torchrun restart {restart}: the newest last.ckpt of job" in out, out[-6000:]
-    local = local_folder(last.parent) / "last.ckpt"
-    reads = [line for line in out.splitlines() if line.startswith("resume: reading ")]
-    assert reads == [f"resume: reading {local}, the node-local copy of {last} (the same SHA-256)"] * len(resumed), out[
-        -6000:
-    ]
-    assert not local.parent.exists()  # removed when the job ended
-    ours, theirs = last_of(tmp_path), last_of(uninterrupted)
-    assert ours["global_step"] == EPOCHS * BATCHES
-    assert all(torch.equal(ours["state_dict"][k], v) for k, v in theirs["state_dict"].items()), "weights differ"
-    for rank in (0, 1):
-        assert per_step(tmp_path, rank) == per_step(uninterrupted, rank), rank
-    faults_seen = json.loads((tmp_path / "version_0" / "summary.json").read_text())["faults"]
-    assert [f["restart"] for f in faults_seen] == resumed, faults_seen
+    # restart 1 started from scratch (nothing was saved when rank 1 died starting); stuck in restart 1 before any
+    # save, restart 2 starts over in the same folder
+    assert "resume: nothing saved yet; continuing version_0, which this job started" in out, out[-6000:]
+    assert_healed(out, tmp_path, uninterrupted, resumed=[3, 4])

@@ -43,9 +43,9 @@ from app.launch.rendezvous import HeldPort, apply_timeout, join_this_attempt, re
 from app.launch.requeue import Requeue
 from app.loggers import (
     TrackingConfigCallback,
-    config_text,
     continue_run_of,
     prepare_loggers,
+    redact,
     resolved_config,
     run_dir_for_loggers,
     write_to_run_dir,
@@ -270,7 +270,7 @@ class CLI(LightningCLI):
         if getattr(self, "_checkpoint", None) is not None:  # before the Trainer's load_state_dict error wall
             check_fits(self._checkpoint, config.ckpt_path, self.model, self.model.hparams.get("arch"))
         if self.subcommand == "fit" and self._checkpoint is not None:  # settings changed since the checkpoint's run
-            current = yaml.safe_load(config_text(resolved_config(self._parser(self.subcommand), config)))
+            current = redact(resolved_config(self._parser(self.subcommand), config))  # as the checkpoint keeps it
             saved = RunIdentity.of(self._checkpoint).configuration()
             self.trainer.callbacks.append(ChangedSettings(saved, current))
         if self.subcommand == "fit" and self.trainer.checkpoint_callback is not None:

@@ -92,7 +92,7 @@ def scenarios(data_dir: str, photos: str | None = None) -> list[dict]:
             "args": [*common, "--trainer.limit_train_batches", "4", "--trainer.accumulate_grad_batches", "2"],
             "modes": EXACT_MODES,
         },
-        {  # BatchNorm, per-rank statistics (DDP without SyncBatchNorm); the modern scenario runs ResNet-18's
+        {  # BatchNorm, per-rank statistics (DDP without SyncBatchNorm): mnist_fast (ResNet-18: the modern scenario)
             "name": "batchnorm",
             "args": [*fast],
             "modes": EXACT_MODES,

@@ -88,6 +88,7 @@ def test_fp16_true_with_adam_trains_and_says_it_raised_eps(mnist_dir, tmp_path):
             self.seen.append(float(outputs["loss"]))
 
     args = ["--config", str(CONFIGS / "fp16_true.yaml"), *FAST, "--data.data_dir", str(mnist_dir)]
+    # LeNet: fp16 convolution backward on a CPU is slow for wider layers, and eps does not depend on the network
     args += ["--model.arch", "mnist_lenet", "--model.optimizer", "Adam", "--model.optimizer.init_args.lr", "0.001"]
     args += ["--trainer.limit_train_batches", "12"]  # Adam with its own lr (a class change keeps the recipe's 0.1)
     args += ["--data.batch_size", "64", "--trainer.default_root_dir", str(tmp_path)]

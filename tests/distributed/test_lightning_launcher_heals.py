@@ -6,13 +6,15 @@ the same. Real 2-process gloo jobs on MNIST:
   mid-epoch 1: the job exits 0 in one run folder, says each restart once, and ends with the same weights bit for bit
   and the same samples at each step as the same command never interrupted under Lightning's own launcher
   (``--launch.max_restarts 0``);
-- under torchrun, one job with four faults in turn: rank 1 SIGKILLed as it starts, then stuck while the job starts,
-  then asleep until the hang watch ends the attempt, then a worker of its DataLoader SIGKILLed; the same end. (A rank
-  dead at start and a lost loader worker end the rank as a SIGKILL does, as the agent sees them; the agent is the
-  same code under both launchers, so each fault runs on one of them.)
+- under torchrun, one job with three faults in turn: rank 1 SIGKILLed as it starts, then stuck while the job
+  starts, then a worker of its DataLoader SIGKILLed; the same end. (A rank dead at start and a lost loader worker
+  end the rank as a SIGKILL does, as the agent sees them; the agent is the same code under both launchers, so each
+  fault runs on one of them. A rank asleep under torchrun is named in ``test_hangs.py``.)
 - rank 1 SIGKILLed in every attempt: the restarts are used up, the parent exits 1 with one ``error:`` line and no
   traceback;
-- SIGTERM to the parent: the agent stops the ranks, which save ``last.ckpt`` and exit.
+- SIGTERM to the parent: the agent stops the ranks, which save ``last.ckpt`` and exit;
+- an elastic torchrun job (``--nnodes 1:2``, W&B on) whose rank 1 the test SIGKILLs from outside continues the same
+  run folder, TensorBoard version and W&B run.
 
 No process of a job is left behind (its processes are found by a variable of the test's in their environment: the
 agent starts the ranks in sessions of their own).
@@ -35,7 +37,9 @@ import torch
 
 from app.checkpoint.local_copy import local_folder
 from tests.conftest import ROOT, short_fit
+from tests.distributed.test_faults import HEARTBEAT, beats
 from tests.troubleshooting import assert_documented
+from tests.wandb_reader import offline_runs, requires_wandb, tensorboard_scalars
 from tools.resume_probe import per_step
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.xdist_group("timing")]
@@ -199,28 +203,79 @@ def test_sigterm_to_the_parent_stops_every_rank(mnist_dir, tmp_path):
     assert last_of(tmp_path)["global_step"] >= 3  # the ranks stopped at a step boundary with a checkpoint
 
 
-def test_under_torchrun_a_rank_dead_at_start_stuck_starting_hung_and_a_lost_loader_worker_each_heal(
+def test_under_torchrun_a_rank_dead_at_start_stuck_starting_and_a_lost_loader_worker_each_heal(
     mnist_dir, tmp_path, uninterrupted
 ):
-    """``torchrun --max-restarts 4``, one fault per attempt, all on rank 1: SIGKILLed as it reads its configuration,
+    """``torchrun --max-restarts 3``, one fault per attempt, all on rank 1: SIGKILLed as it reads its configuration,
     before the process group forms (attempt 0); asleep in ``on_train_start`` until the hang watch's start-up
-    allowance (``--launch.startup_timeout``) ends the attempt (1); asleep mid-epoch 0 until the hang watch ends the
-    attempt (2); a worker of its training DataLoader SIGKILLed mid-epoch 1 (3). The last attempt ends the job in one
-    run folder with the uninterrupted run's weights and samples."""
+    allowance (``--launch.startup_timeout``) ends the attempt (1); a worker of its training DataLoader SIGKILLed
+    mid-epoch 1 (2). The last attempt ends the job in one run folder with the uninterrupted run's weights and
+    samples."""
     faults = ["--trainer.callbacks+=tools.resume_probe.DieStarting", "--trainer.callbacks.attempt", "0"]
     faults += ["--trainer.callbacks+=tools.resume_probe.HangIn", "--trainer.callbacks.attempt", "1"]
     faults += ["--launch.startup_timeout", "20"]
-    faults += fault("HangAt", step=6, attempt=2)
-    faults += fault("KillLoaderWorkerAt", step=FAULT_AT, attempt=3)
+    faults += fault("KillLoaderWorkerAt", step=FAULT_AT, attempt=2)
     args = job_args(mnist_dir, tmp_path, "--launch.hang_timeout", "10", "--data.num_workers", "1", *faults)
-    args = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--max-restarts", "4", *args]
+    args = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--max-restarts", "3", *args]
     code, out = run(args, tmp_path, timeout=400)
     assert code == 0, out[-6000:]
     assert "launcher     torchrun" in out, out[-6000:]
-    allowances = ["(--launch.startup_timeout 20: the job is starting).", "(--launch.hang_timeout 10)."]
-    assert hang_lines(out) == allowances, out[-6000:]
+    assert hang_lines(out) == ["(--launch.startup_timeout 20: the job is starting)."], out[-6000:]
     assert f"error: rank 1 (host {socket.gethostname()}): its DataLoader worker (pid " in out, out[-6000:]
     # restart 1 started from scratch (nothing was saved when rank 1 died starting); stuck in restart 1 before any
     # save, restart 2 starts over in the same folder
     assert "resume: nothing saved yet; continuing version_0, which this job started" in out, out[-6000:]
-    assert_healed(out, tmp_path, uninterrupted, resumed=[3, 4])
+    assert_healed(out, tmp_path, uninterrupted, resumed=[3])
+
+
+@requires_wandb
+def test_elastic_restart_after_a_killed_worker_continues_the_same_run(mnist_dir, tmp_path, uninterrupted):
+    """``torchrun --max-restarts 1 --nnodes 1:2`` with W&B on (offline): the test SIGKILLs rank 1 once, mid-epoch 1,
+    after a mid-epoch ``last.ckpt``; torchrun restarts the group, which resumes from that checkpoint in the same
+    version folder, TensorBoard version and W&B run, and ends as the uninterrupted job: the same weights bit for bit,
+    and every rank trained the same samples at each step (a step trained again after the restart counts once)."""
+    args = job_args(mnist_dir, tmp_path, "--trainer.num_nodes", "2", f"--trainer.callbacks+={HEARTBEAT}")  # 1:2's top
+    args += ["--config", str(ROOT / "configs" / "logger" / "wandb.yaml")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(WANDB_MODE="offline", PYTHONUNBUFFERED="1", **{MARK: str(tmp_path)})
+    # --standalone with a node range: torchrun waits last_call_timeout (30 s by default) for more nodes
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               "--nnodes", "1:2", "--rdzv-conf", "last_call_timeout=1", "--max-restarts", "1", *args]  # fmt: skip
+    job = subprocess.Popen(command, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        killed = None
+        while killed is None and job.poll() is None:  # once, mid-epoch 1, one step after the save of step 8
+            found = beats(tmp_path, ranks=2)
+            if found and found[1][1] >= FAULT_AT:
+                killed = found[1]
+                os.kill(killed[0], signal.SIGKILL)
+            time.sleep(0.05)
+        log, _ = job.communicate(timeout=300)
+    finally:
+        job.kill()
+    nothing_left(tmp_path)
+    assert killed is not None and job.returncode == 0, log[-5000:]
+    said = [line for line in log.splitlines() if "lost rank" in line]
+    assert len(said) == 1 and said[0].startswith("torchrun: lost rank 1 of 2 ("), said
+    assert "torchrun restarts the worker group (restart 1 of 1)" in said[0] and "no longer answers" not in log, said
+    last = tmp_path / "version_0" / "checkpoints" / "last.ckpt"
+    assert f"resume: {last} (torchrun restart 1: the newest last.ckpt of job" in log, log[-5000:]
+    assert "--nnodes 1:2, 1 node(s) this round" in log, log[-5000:]
+    (_, step0, first0), _ = beats(tmp_path, ranks=2)  # the restarted attempt's rank 0
+    assert (first0 - 1) % BATCHES and step0 == EPOCHS * BATCHES, (killed, first0, step0)  # resumed mid-epoch
+    folder = last.parent.parent  # the restarted group wrote into the first attempt's folder (last_of: the only one)
+    assert len(list(folder.glob("events.out.tfevents.*"))) == 2  # one TensorBoard file per attempt, one version
+    val_steps = [step for step, _ in tensorboard_scalars(folder)["val/acc1"]]
+    assert val_steps == [BATCHES * e - 1 for e in range(1, EPOCHS + 1)], val_steps  # each epoch once, in order
+    runs = offline_runs(tmp_path)
+    assert len(runs) == 2 and runs[0].run_id == runs[1].run_id, [(r.path, r.run_id) for r in runs]
+    steps = [row["trainer/global_step"] for row in runs[1].history if "trainer/global_step" in row]
+    assert steps and min(steps) >= BATCHES, steps
+    # the same job never interrupted (Lightning's launcher, no restarts): the same weights and, per step, the same
+    # samples
+    ours, theirs = last_of(tmp_path), last_of(uninterrupted)
+    assert ours["global_step"] == EPOCHS * BATCHES
+    assert all(torch.equal(ours["state_dict"][k], v) for k, v in theirs["state_dict"].items()), "weights differ"
+    for rank in (0, 1):
+        assert per_step(tmp_path, rank) == per_step(uninterrupted, rank), rank
+    print(f"\nrank 1 SIGKILLed at step {killed[1]}; resumed at step {first0}, ended at {step0}; W&B {runs[0].run_id}")

@@ -1,0 +1,85 @@
+"""Why the test suite sets ``OMP_WAIT_POLICY=PASSIVE`` (``tests/__init__.py``): two MNIST fits at once on this
+machine's cores, as the suite's two workers run them, with GNU OpenMP's default wait (a thread done with its share of
+an operation spins before it sleeps) and with ``PASSIVE`` (it sleeps at once); and one fit alone under each.
+
+``python -m bench.omp_wait`` (about 4 minutes on 2 CPU cores): ``--rounds`` rounds, the two policies alternating in
+each. Writes ``results/omp_wait.{json,md}``: the seconds of each and the ratio passive / default, per round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import RESULTS, machine, machine_line, write_json
+
+ROOT = Path(__file__).resolve().parent.parent
+POLICIES = {"default": None, "PASSIVE": "PASSIVE"}
+
+
+def fit_args(data_dir: str, root: Path, batches: int) -> list[str]:
+    return [
+        sys.executable, str(ROOT / "cli.py"), "fit", "--data.data_dir", data_dir, "--trainer.default_root_dir",
+        str(root), "--trainer.max_epochs", "1", "--trainer.limit_train_batches", str(batches),
+        "--trainer.limit_val_batches", "5", "--trainer.enable_progress_bar", "false", "--data.num_workers", "0",
+        "--model.arch", "mnist_cnn",
+    ]  # fmt: skip
+
+
+def fits_at_once(n: int, policy: str | None, data_dir: str, batches: int) -> float:
+    """Seconds until ``n`` fits started together have all ended, each with ``OMP_WAIT_POLICY`` = ``policy``."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if policy:
+        env["OMP_WAIT_POLICY"] = policy
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        jobs = [
+            subprocess.Popen(fit_args(data_dir, Path(tmp) / str(i), batches), cwd=ROOT, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            for i in range(n)
+        ]  # fmt: skip
+        for job in jobs:
+            _, err = job.communicate()
+            if job.returncode:
+                raise RuntimeError(f"a fit failed:\n{err[-3000:]}")
+        return time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m bench.omp_wait", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data-dir", default=str(ROOT / "data"), help="MNIST folder")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batches", type=int, default=60, help="training batches per fit")
+    parser.add_argument("--out", default=str(RESULTS))
+    args = parser.parse_args(argv)
+    rows = []
+    for round_ in range(args.rounds):
+        for n in (2, 1):
+            seconds = {name: fits_at_once(n, policy, args.data_dir, args.batches) for name, policy in POLICIES.items()}
+            rows.append(
+                {"round": round_, "fits_at_once": n, **seconds, "ratio": seconds["PASSIVE"] / seconds["default"]}
+            )
+            print(rows[-1], flush=True)
+    medians = {n: statistics.median(r["ratio"] for r in rows if r["fits_at_once"] == n) for n in (2, 1)}
+    result = {"machine": machine(), "batches": args.batches, "rows": rows, "median_ratio": medians}
+    out = Path(args.out)
+    write_json(out / "omp_wait.json", result)
+    lines = [
+        "| fits at once | round | default s | PASSIVE s | PASSIVE / default |", "|---|---|---|---|---|",
+        *(f"| {r['fits_at_once']} | {r['round']} | {r['default']:.1f} | {r['PASSIVE']:.1f} | {r['ratio']:.2f} |"
+          for r in rows),
+        "", f"Median ratio: two fits at once {medians[2]:.2f}, one fit alone {medians[1]:.2f}. "
+        f"Machine: {machine_line(result['machine'])}. Command: `python -m bench.omp_wait --rounds {args.rounds}`.",
+    ]  # fmt: skip
+    (out / "omp_wait.md").write_text("\n".join(lines) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -215,7 +215,7 @@ def test_under_torchrun_a_rank_dead_at_start_stuck_starting_and_a_lost_loader_wo
     faults += ["--trainer.callbacks+=tools.resume_probe.HangIn", "--trainer.callbacks.attempt", "1"]
     faults += ["--launch.startup_timeout", "20"]
     faults += fault("KillLoaderWorkerAt", step=FAULT_AT, attempt=2)
-    args = job_args(mnist_dir, tmp_path, "--launch.hang_timeout", "10", "--data.num_workers", "1", *faults)
+    args = job_args(mnist_dir, tmp_path, "--data.num_workers", "1", *faults)
     args = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--max-restarts", "3", *args]
     code, out = run(args, tmp_path, timeout=400)
     assert code == 0, out[-6000:]

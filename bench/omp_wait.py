@@ -19,9 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import RESULTS, machine, machine_line, write_json
+from bench.common import RESULTS, ROOT, machine, machine_line, write_json
 
-ROOT = Path(__file__).resolve().parent.parent
 POLICIES = {"default": None, "PASSIVE": "PASSIVE"}
 CASES = {"two fits at once": (2, False), "one fit beside a busy core": (1, True), "one fit alone": (1, False)}
 

@@ -66,8 +66,9 @@ def fault(probe: str, *extra: str, step: int = FAULT_AT, attempt: int | None = 0
     return args + (["--trainer.callbacks.attempt", str(attempt)] if attempt is not None else [])
 
 
-def start(args: list[str], root: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", MARK: str(root)}
+def start(args: list[str], root: Path, environ: dict | None = None) -> subprocess.Popen:
+    """``python ARGS`` in ``environ`` (default: this process's), marked as this job's."""
+    env = {**(os.environ if environ is None else environ), "PYTHONUNBUFFERED": "1", MARK: str(root)}
     return subprocess.Popen(
         [sys.executable, *args], cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
@@ -236,12 +237,11 @@ def test_elastic_restart_after_a_killed_worker_continues_the_same_run(mnist_dir,
     and every rank trained the same samples at each step (a step trained again after the restart counts once)."""
     args = job_args(mnist_dir, tmp_path, "--trainer.num_nodes", "2", f"--trainer.callbacks+={HEARTBEAT}")  # 1:2's top
     args += ["--config", str(ROOT / "configs" / "logger" / "wandb.yaml")]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    env.update(WANDB_MODE="offline", PYTHONUNBUFFERED="1", **{MARK: str(tmp_path)})
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}, "WANDB_MODE": "offline"}
     # --standalone with a node range: torchrun waits last_call_timeout (30 s by default) for more nodes
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               "--nnodes", "1:2", "--rdzv-conf", "last_call_timeout=1", "--max-restarts", "1", *args]  # fmt: skip
-    job = subprocess.Popen(command, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    command = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--nnodes", "1:2",
+               "--rdzv-conf", "last_call_timeout=1", "--max-restarts", "1", *args]  # fmt: skip
+    job = start(command, tmp_path, env)
     try:
         killed = None
         while killed is None and job.poll() is None:  # once, mid-epoch 1, one step after the save of step 8

@@ -7,6 +7,8 @@ costs paid once, in an untimed run before the others), and records its
 training wall time (``fit``, validation and checkpoints included), its validation accuracy and, after the choice is
 made, its test accuracy (``--test_after_fit last``). The rule: the fastest candidate whose mean validation accuracy is
 at least 99.0%. The test set is reported, never used to choose. Writes ``results/mnist_recipe.{json,md}``.
+``--smoke``: the first candidate, one seed, 40 training batches, no untimed run (a check of this script; results in
+runs/bench-smoke).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS, machine, machine_line, save
+from bench.common import RESULTS, ROOT, machine, machine_line, save
 
 TARGET = 0.99
 CANDIDATES: dict[str, list[str]] = {
@@ -57,9 +59,10 @@ def summary(runs: list[dict[str, float]], key: str) -> dict[str, float]:
     return {"mean": statistics.mean(values), "min": min(values), "max": max(values)}
 
 
-def run(seeds: list[int], candidates: dict[str, list[str]]) -> dict[str, Any]:
+def run(seeds: list[int], candidates: dict[str, list[str]], warm_up: bool = True) -> dict[str, Any]:
     found: dict[str, Any] = {}
-    one(next(iter(candidates.values())), seeds[0])  # untimed: this process's one-off costs (lazy imports, allocator)
+    if warm_up:  # untimed: this process's one-off costs (lazy imports, allocator)
+        one(next(iter(candidates.values())), seeds[0])
     for name, args in candidates.items():
         runs = [one(args, seed) for seed in seeds]
         found[name] = {"args": args, "runs": runs, **{k: summary(runs, k) for k in ("fit_and_test_s", "val_acc1",
@@ -99,11 +102,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="python -m bench.mnist_recipe", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=10, help="seeds 0..N-1 per candidate")
     parser.add_argument("--only", type=int, help="the first N candidates (a check of this script)")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for mnist_recipe.{json,md}")
+    parser.add_argument("--smoke", action="store_true", help="a check: 1 candidate, 1 seed, 40 batches")
+    parser.add_argument("--out", type=Path, help="folder for mnist_recipe.{json,md} (default bench/results)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    candidates = dict(list(CANDIDATES.items())[: args.only]) if args.only else CANDIDATES
-    result = run(list(range(args.seeds)), candidates)
-    save(args.out, "mnist_recipe", result, markdown)
+    candidates = dict(list(CANDIDATES.items())[: 1 if args.smoke else args.only])
+    if args.smoke:
+        candidates = {name: [*change, "--trainer.limit_train_batches", "40"] for name, change in candidates.items()}
+    result = run([0] if args.smoke else list(range(args.seeds)), candidates, warm_up=not args.smoke)
+    save(args.out or (ROOT / "runs" / "bench-smoke" if args.smoke else RESULTS), "mnist_recipe", result, markdown)
     return result
 
 

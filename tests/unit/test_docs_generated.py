@@ -15,6 +15,8 @@ import shlex
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT, run_cli
 from tools.docs_hooks import CLI_OPTIONS
 from tools.docs_snippets import COMMAND, SNIPPETS, SUBMIT
@@ -30,11 +32,17 @@ def help_options(text: str) -> set[str]:
     return found
 
 
-def test_the_reference_page_names_every_option_of_fit_help():
-    assert CLI_OPTIONS in (ROOT / "docs" / "reference" / "cli.md").read_text()
+@pytest.fixture(scope="module")
+def fit_help() -> str:
+    """What ``python cli.py fit --help`` prints (one process for the module's tests)."""
     printed = run_cli("fit", "--help", timeout=120)
     assert printed.returncode == 0, printed.stderr
-    options = help_options(printed.stdout)
+    return printed.stdout
+
+
+def test_the_reference_page_names_every_option_of_fit_help(fit_help):
+    assert CLI_OPTIONS in (ROOT / "docs" / "reference" / "cli.md").read_text()
+    options = help_options(fit_help)
     assert len(options) > 90, sorted(options)  # the trainer's, the model's, the data's, the app's own
     page = subprocess.run(
         [sys.executable, "-m", "tools.docs_reference"], cwd=ROOT, capture_output=True, text=True, check=True
@@ -65,13 +73,12 @@ def test_the_slurm_page_shows_the_command_that_renders_its_script():
     assert [a for a in expected if a != "--dry-run"] in blocks
 
 
-def test_the_max_restarts_help_names_the_launchers_of_the_launching_table():
+def test_the_max_restarts_help_names_the_launchers_of_the_launching_table(fit_help):
     """``--launch.max_restarts``'s help and the table "What heals, on which launcher" say where the budget applies:
     each launcher a column names is in the help (it once said the option was for runs started without SLURM)."""
     page = (ROOT / "docs" / "reference" / "launching.md").read_text()
     header = next(line for line in page.splitlines() if line.startswith("| fault |"))
-    printed = run_cli("fit", "--help", timeout=120).stdout
-    option = printed.split("\n  --launch.max_restarts MAX_RESTARTS", 1)[1].split("\n  --launch.debug")[0]
+    option = fit_help.split("\n  --launch.max_restarts MAX_RESTARTS", 1)[1].split("\n  --launch.debug")[0]
     help_text = " ".join(option.split())
     for column, said in {
         "Lightning's launcher": "Lightning's launcher",

@@ -4,11 +4,14 @@
 
 - the floors: ``python -c "import torch"`` and ``python -c "import lightning.pytorch"`` (Lightning imports torch,
   torchmetrics, and through torchmetrics torchvision and torch._dynamo);
+- Lightning's import again with the cyclic garbage collector as ``cli.py`` sets it (off while the modules load, then
+  what they left frozen: ``gc.freeze``);
 - ``python cli.py fit --help``: Lightning's import plus the app's modules and the CLI parser built from the configs;
 - ``python cli.py fit`` of the default recipe up to its first training step, split into: the interpreter's start,
   imports (``app.cli``), parsing the configs and building the classes (``main(run=False)``), the data set-up (MNIST
   read and held resident), the model set-up (optimizer, scheduler, the sanity check on 2 validation batches) and the
-  first step. Each leg is timed inside a child process started for it (``--probe``), from the parent's clock.
+  first step. Each leg is timed inside a child process started for it (``--probe``), from the parent's clock; the
+  same with Python's default collector beside it (runs alternating).
 
 Writes ``results/startup.{json,md,png}``.
 """
@@ -28,11 +31,14 @@ from typing import Any
 # only the standard library here: the probe's child process measures its own imports (bench.common imports torch)
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
+AS_CLI = "gc.disable(); import lightning.pytorch; gc.freeze(); gc.enable()"  # the collector as cli.py sets it
 FLOORS = {
     "python -c 'import torch'": ["-c", "import torch"],
     "python -c 'import lightning.pytorch'": ["-c", "import lightning.pytorch"],
+    f"python -c 'import gc; {AS_CLI}'": ["-c", f"import gc; {AS_CLI}"],
     "python cli.py fit --help": ["cli.py", "fit", "--help"],
 }
+COLLECTOR = {"cli": "as cli.py sets it", "default": "Python's default"}
 LEGS = ["interpreter start", "imports (app.cli)", "parse configs, build classes", "data set-up", "model set-up and "
         "sanity check", "first training step"]  # fmt: skip
 
@@ -43,13 +49,21 @@ def wall(args: list[str]) -> float:
     return time.perf_counter() - start
 
 
-def probe(spawned: float, root: str) -> None:
-    """In the child: the clock (``time.time()``) at each leg's end, printed as JSON on the last line."""
+def probe(spawned: float, root: str, collector: str) -> None:
+    """In the child: the clock (``time.time()``) at each leg's end, printed as JSON on the last line. ``collector``:
+    ``cli`` (off during the imports, then frozen, as ``cli.py`` does) or ``default``."""
+    import gc
+
     marks = {"interpreter start": time.time()}
+    if collector == "cli":
+        gc.disable()
     from lightning.pytorch import Callback
 
     from app.command import main
 
+    if collector == "cli":
+        gc.freeze()
+        gc.enable()
     marks["imports (app.cli)"] = time.time()
 
     class Marks(Callback):
@@ -71,11 +85,11 @@ def probe(spawned: float, root: str) -> None:
     print(json.dumps(dict(zip(LEGS, [b - a for a, b in zip([spawned, *ends], ends, strict=False)], strict=True))))
 
 
-def split() -> dict[str, float]:
+def split(collector: str) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="startup-") as root:
         spawned = time.time()
         done = subprocess.run(
-            [sys.executable, "-m", "bench.startup", "--probe", str(spawned), root],
+            [sys.executable, "-m", "bench.startup", "--probe", str(spawned), root, collector],
             cwd=ROOT, check=True, capture_output=True, text=True,
         )  # fmt: skip
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -85,13 +99,17 @@ def run(repeats: int) -> dict[str, Any]:
     from bench.common import machine
 
     floors = {name: [wall(args) for _ in range(repeats)] for name, args in FLOORS.items()}
-    splits = [split() for _ in range(repeats)]
+    splits = {collector: [] for collector in COLLECTOR}
+    for _ in range(repeats):  # alternating, so that a drift of the machine's speed touches both alike
+        for collector, found in splits.items():
+            found.append(split(collector))
     return {
         "machine": machine(),
         "repeats": repeats,
         "floors_s": {name: statistics.median(v) for name, v in floors.items()},
         "floors_all_s": floors,
-        "split_s": {leg: statistics.median(s[leg] for s in splits) for leg in LEGS},
+        "split_s": {leg: statistics.median(s[leg] for s in splits["cli"]) for leg in LEGS},
+        "split_default_gc_s": {leg: statistics.median(s[leg] for s in splits["default"]) for leg in LEGS},
         "splits_all_s": splits,
     }
 
@@ -99,8 +117,9 @@ def run(repeats: int) -> dict[str, Any]:
 def markdown(result: dict[str, Any]) -> str:
     from bench.common import machine_line
 
-    floors, legs = result["floors_s"], result["split_s"]
-    lightning, help_ = floors["python -c 'import lightning.pytorch'"], floors["python cli.py fit --help"]
+    floors, legs, default = result["floors_s"], result["split_s"], result["split_default_gc_s"]
+    lightning, help_ = floors[f"python -c 'import gc; {AS_CLI}'"], floors["python cli.py fit --help"]
+    plain = floors["python -c 'import lightning.pytorch'"]
     lines = [
         "# Start-up: Lightning's floor, what the app adds, and the time to the first training step",
         "",
@@ -111,15 +130,25 @@ def markdown(result: dict[str, Any]) -> str:
         "|---|---|",
         *(f"| `{name}` | {seconds:.2f} |" for name, seconds in floors.items()),
         "",
-        f"The app adds {help_ - lightning:.2f} s to `import lightning.pytorch` in `cli.py fit --help` (its own modules "
-        "and the CLI parser built from the configs); torch's and Lightning's imports are the floor.",
+        f"With the collector as `cli.py` sets it, Lightning's import from the process start to its exit takes "
+        f"{lightning / plain:.2f}x the time (the collection Python makes "
+        "as it exits walks nothing frozen).",
         "",
-        "`python cli.py fit` (the default recipe), from the process start to the end of its first training step:",
+        f"The app adds {help_ - lightning:.2f} s to `import lightning.pytorch` (with the collector as `cli.py` sets "
+        "it) in `cli.py fit --help` (its own modules and the CLI parser built from the configs); torch's and "
+        "Lightning's imports are the floor.",
         "",
-        "| leg | seconds |",
-        "|---|---|",
-        *(f"| {leg} | {seconds:.2f} |" for leg, seconds in legs.items()),
-        f"| **total** | **{sum(legs.values()):.2f}** |",
+        "`python cli.py fit` (the default recipe), from the process start to the end of its first training step, with "
+        "the cyclic garbage collector as `cli.py` sets it (off while the modules load, then what they left frozen) "
+        "and with Python's default:",
+        "",
+        f"| leg | seconds, collector {COLLECTOR['cli']} | seconds, collector {COLLECTOR['default']} |",
+        "|---|---|---|",
+        *(f"| {leg} | {seconds:.2f} | {default[leg]:.2f} |" for leg, seconds in legs.items()),
+        f"| **total** | **{sum(legs.values()):.2f}** | **{sum(default.values()):.2f}** |",
+        "",
+        f"The collector as `cli.py` sets it: {sum(legs.values()) / sum(default.values()):.2f}x the time to the first "
+        "step with Python's default.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -127,14 +156,17 @@ def markdown(result: dict[str, Any]) -> str:
 def plot(result: dict[str, Any], path: Path) -> None:
     from bench.common import figure
 
-    floors, legs = result["floors_s"], result["split_s"]
-    with figure(path, figsize=(7.0, 3.4)) as (_, ax):
-        left = 0.0
-        for leg, seconds in legs.items():
-            ax.barh(["cli.py fit to its\nfirst step"], [seconds], left=left, label=leg)
-            left += seconds
+    floors = result["floors_s"]
+    rows = {"cli.py fit to its\nfirst step": result["split_s"],
+            "the same, Python's\ndefault collector": result["split_default_gc_s"]}  # fmt: skip
+    with figure(path, figsize=(7.0, 3.8)) as (_, ax):
         floor = floors["python -c 'import lightning.pytorch'"]
         ax.barh(["python -c 'import\nlightning.pytorch'\n(start to exit)"], [floor], color="tab:grey")
+        for row, legs in reversed(rows.items()):
+            left = 0.0
+            for n, (leg, seconds) in enumerate(legs.items()):
+                ax.barh([row], [seconds], left=left, color=f"C{n}", label=leg if row.startswith("cli.py") else None)
+                left += seconds
         ax.set_xlabel("seconds from the process start")
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=3)
         ax.set_title("Start-up of the default MNIST run (2-core CPU)")
@@ -144,10 +176,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser = argparse.ArgumentParser(prog="python -m bench.startup", description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for startup.{json,md}")
-    parser.add_argument("--probe", nargs=2, metavar=("SPAWNED", "ROOT"), help=argparse.SUPPRESS)
+    parser.add_argument("--probe", nargs=3, metavar=("SPAWNED", "ROOT", "COLLECTOR"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.probe:
-        probe(float(args.probe[0]), args.probe[1])
+        probe(float(args.probe[0]), args.probe[1], args.probe[2])
         return None
     from bench.common import save
 

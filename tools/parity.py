@@ -51,6 +51,8 @@ from core.device import AUTO, auto_precision, on_cuda
 from datamodules.resumable import ResumableSampler, SeededDataset
 from tools.torchrun import run_torchrun_job
 
+gc.freeze()  # as cli.py does: what the imports left, out of the cyclic collector's reach (results/startup.md)
+
 _QUIET = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False, "enable_model_summary": False}
 
 

@@ -184,7 +184,10 @@ def job(out: Path, data_dir: str) -> None:
 
 
 if __name__ == "__main__":
+    import gc
+
     # through the importable module, so SimulatedCrash is the class the CLI-instantiated callback raises
     from tests.distributed.test_resume import job as imported_job
 
+    gc.freeze()  # as cli.py does: the imports' objects out of the cyclic collector's reach
     imported_job(Path(sys.argv[1]), sys.argv[2])

@@ -205,4 +205,7 @@ def test_mid_epoch_checkpoint_on_fewer_processes_is_refused(distributed_facts, m
 
 
 if __name__ == "__main__":
+    import gc
+
+    gc.freeze()  # as cli.py does: the imports' objects out of the cyclic collector's reach
     job(Path(sys.argv[1]), sys.argv[2], sys.argv[3])

@@ -122,4 +122,7 @@ def job(out: Path, shards: Path) -> None:
 
 
 if __name__ == "__main__":
+    import gc
+
+    gc.freeze()  # as cli.py does: the imports' objects out of the cyclic collector's reach
     job(Path(sys.argv[1]), Path(sys.argv[2]))

@@ -4,9 +4,10 @@ line of a page under ``docs/`` is run as it is written, so a recipe cannot rot.
 Each block runs with ``bash -e`` in a temporary folder of its own that looks like a fresh checkout: the checkout's
 files are linked in (``cli.py``, ``configs/``, the packages, ``.venv`` -> this interpreter's environment), ``data/``
 holds the real MNIST files, and whatever the block writes (``runs/``, shards, a config) stays in that folder. A
-non-zero exit, or a process that aborted as it ended ("terminate called"), fails with the block's page and line, the
-command and the end of its output. The blocks are CPU-sized variants (a few batches, ``--dry-run``) that run in
-seconds; ``docs/development.md`` ("The docs") says how to mark one.
+non-zero exit, a process that aborted as it ended ("terminate called"), or a ``cli.py fit`` without its training
+summary fails with the block's page and line, the command and the end of its output. The blocks are CPU-sized
+variants (a few batches, ``--dry-run``) that run in seconds; ``docs/development.md`` ("The docs") says how to mark
+one.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ NOT_LINKED = {".git", ".venv", "data", "runs", "site", "wandb", "lightning_logs"
 # pages a user reads to do something, each of which has a runnable block (the GPU check's CPU rehearsal takes minutes)
 WITHOUT_RUNNABLE = {"how-to/gpu-check.md"}
 # variables that would make a block's cli.py believe it runs under a launcher, or reach W&B's servers
+FIT = re.compile(r"cli\.py fit\b(?![^\n]*--print_config)")  # a command that trains (a line of a block)
 LAUNCHER_VARS = re.compile(
     r"^(SLURM_|TORCHELASTIC_|MASTER_(ADDR|PORT)$|(LOCAL_|GROUP_)?RANK$|(LOCAL_)?WORLD_SIZE$|NODE_RANK$|WANDB_)"
 )
@@ -106,7 +108,11 @@ def test_the_block_runs(shown: list[Block], checkout: Path):
     # rank 1 is rank 0's child, whose status reaches nobody, so its output is the witness (tests/distributed/
     # test_clean_exit.py); the blocks include 2-process jobs under Lightning's launcher, torchrun and the old launcher
     aborted = "terminate called" in said or "SIGABRT" in said
-    if done.returncode != 0 or aborted:
+    # and each fit trained: rank 0 of every `cli.py fit` ends with its training summary (--print_config trains nothing)
+    fits = len(FIT.findall(block.code.replace("\\\n", " ")))
+    summaries = said.count("Training summary")
+    if done.returncode != 0 or aborted or summaries != fits:
         where = ", ".join(map(str, shown))
         what = f"exit status {done.returncode}" + (", a process aborted at its exit" if aborted else "")
+        what += f", {summaries} training summaries for {fits} fits" if summaries != fits else ""
         pytest.fail(f"{where}: {what}\n{block.code}\n--- the end of its output ---\n{said[-4000:]}")

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import RESULTS, ROOT, machine, machine_line, write_json
+from bench.common import RESULTS, ROOT, machine, machine_line, save
 
 POLICIES = {"default": None, "PASSIVE": "PASSIVE"}
 CASES = {"two fits at once": (2, False), "one fit beside a busy core": (1, True), "one fit alone": (1, False)}
@@ -64,6 +64,20 @@ def _timed(n: int, env: dict, data_dir: str, batches: int) -> float:
         return time.perf_counter() - start
 
 
+def markdown(result: dict) -> str:
+    """The medians on the first line (docs/development.md includes it), then each round."""
+    rows, medians = result["rows"], result["median_ratio"]
+    lines = [
+        "Time with PASSIVE / with the default wait, median: "
+        + ", ".join(f"{case} {ratio:.2f}" for case, ratio in medians.items())
+        + f". Machine: {machine_line(result['machine'])}. Command: `python -m bench.omp_wait --rounds "
+        f"{1 + max(r['round'] for r in rows)}`.",
+        "", "| case | round | default s | PASSIVE s | PASSIVE / default |", "|---|---|---|---|---|",
+        *(f"| {r['case']} | {r['round']} | {r['default']:.1f} | {r['PASSIVE']:.1f} | {r['ratio']:.2f} |" for r in rows),
+    ]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m bench.omp_wait", description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", default=str(ROOT / "data"), help="MNIST folder")
@@ -81,16 +95,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(rows[-1], flush=True)
     medians = {case: statistics.median(r["ratio"] for r in rows if r["case"] == case) for case in CASES}
     result = {"machine": machine(), "batches": args.batches, "rows": rows, "median_ratio": medians}
-    out = Path(args.out)
-    write_json(out / "omp_wait.json", result)
-    lines = [
-        "Time with PASSIVE / with the default wait, median: "
-        + ", ".join(f"{case} {ratio:.2f}" for case, ratio in medians.items())
-        + f". Machine: {machine_line(result['machine'])}. Command: `python -m bench.omp_wait --rounds {args.rounds}`.",
-        "", "| case | round | default s | PASSIVE s | PASSIVE / default |", "|---|---|---|---|---|",
-        *(f"| {r['case']} | {r['round']} | {r['default']:.1f} | {r['PASSIVE']:.1f} | {r['ratio']:.2f} |" for r in rows),
-    ]  # fmt: skip
-    (out / "omp_wait.md").write_text("\n".join(lines) + "\n")
+    save(Path(args.out), "omp_wait", result, markdown)
     return result
 
 

@@ -4,8 +4,8 @@
 
 - the floors: ``python -c "import torch"`` and ``python -c "import lightning.pytorch"`` (Lightning imports torch,
   torchmetrics, and through torchmetrics torchvision and torch._dynamo);
-- Lightning's import again with the cyclic garbage collector as ``cli.py`` sets it (off while the modules load, then
-  what they left frozen: ``gc.freeze``);
+- Lightning's import again as ``cli.py`` loads the app: the cyclic garbage collector off while the modules load, then
+  what they left frozen (``core.loading.unwatched``);
 - ``python cli.py fit --help``: Lightning's import plus the app's modules and the CLI parser built from the configs;
 - ``python cli.py fit`` of the default recipe up to its first training step, split into: the interpreter's start,
   imports (``app.cli``), parsing the configs and building the classes (``main(run=False)``), the data set-up (MNIST
@@ -31,11 +31,11 @@ from typing import Any
 # only the standard library here: the probe's child process measures its own imports (bench.common imports torch)
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-AS_CLI = "gc.disable(); import lightning.pytorch; gc.freeze(); gc.enable()"  # the collector as cli.py sets it
+AS_CLI = "from core.loading import unwatched\nwith unwatched(): import lightning.pytorch"  # as cli.py loads the app
 FLOORS = {
     "python -c 'import torch'": ["-c", "import torch"],
     "python -c 'import lightning.pytorch'": ["-c", "import lightning.pytorch"],
-    f"python -c 'import gc; {AS_CLI}'": ["-c", f"import gc; {AS_CLI}"],
+    "python -c 'import lightning.pytorch', loaded as cli.py loads the app": ["-c", AS_CLI],
     "python cli.py fit --help": ["cli.py", "fit", "--help"],
 }
 COLLECTOR = {"cli": "as cli.py sets it", "default": "Python's default"}
@@ -51,19 +51,16 @@ def wall(args: list[str]) -> float:
 
 def probe(spawned: float, root: str, collector: str) -> None:
     """In the child: the clock (``time.time()``) at each leg's end, printed as JSON on the last line. ``collector``:
-    ``cli`` (off during the imports, then frozen, as ``cli.py`` does) or ``default``."""
-    import gc
+    ``cli`` (the imports under ``core.loading.unwatched``, as ``cli.py`` loads the app) or ``default``."""
+    import contextlib
+
+    from core.loading import unwatched
 
     marks = {"interpreter start": time.time()}
-    if collector == "cli":
-        gc.disable()
-    from lightning.pytorch import Callback
+    with unwatched() if collector == "cli" else contextlib.nullcontext():
+        from lightning.pytorch import Callback
 
-    from app.command import main
-
-    if collector == "cli":
-        gc.freeze()
-        gc.enable()
+        from app.command import main
     marks["imports (app.cli)"] = time.time()
 
     class Marks(Callback):
@@ -118,7 +115,8 @@ def markdown(result: dict[str, Any]) -> str:
     from bench.common import machine_line
 
     floors, legs, default = result["floors_s"], result["split_s"], result["split_default_gc_s"]
-    lightning, help_ = floors[f"python -c 'import gc; {AS_CLI}'"], floors["python cli.py fit --help"]
+    lightning = floors["python -c 'import lightning.pytorch', loaded as cli.py loads the app"]
+    help_ = floors["python cli.py fit --help"]
     plain = floors["python -c 'import lightning.pytorch'"]
     lines = [
         "# Start-up: Lightning's floor, what the app adds, and the time to the first training step",

@@ -19,8 +19,9 @@ from app.strategies.dp import COMPILE_REFUSED
 from app.strategies.layout import declared_modes
 from core.batch import uneven_global_batch
 from core.config import get
-from core.env import LAUNCHER_NAMES, main_address, nvidia_driver, resolves
+from core.env import LAUNCHER_NAMES, nvidia_driver
 from core.errors import did_you_mean, with_link
+from core.network import main_address, resolves
 
 FLAG = {"slurm": "--ntasks-per-node", "torchrun": "--nproc_per_node"}
 # The oldest Linux driver of each CUDA major version (NVIDIA's minor version compatibility), and the PyTorch build

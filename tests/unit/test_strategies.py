@@ -13,8 +13,8 @@ from lightning.pytorch.strategies import DDPStrategy
 from app.command import main
 from app.strategies import AllReduceStrategy, DataParallelStrategy, DDPModelParallelStrategy
 from app.strategies.ddp_mp import balance, split_units
-from app.strategies.layout import layout_of
 from core.errors import InvalidValue, UserError
+from core.layout import layout_of
 from datamodules import MNISTDataModule
 from modules import ImageClassifier
 from modules.zoo import build

@@ -13,8 +13,7 @@ from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_info
 
-from app.checkpoint import Checkpoints, Resume
-from app.checkpoint.local_copy import local_root, restarts_in_place
+from app.checkpoint import Checkpoints, Resume, local_root, restarts_in_place
 from app.launch import choices
 from app.launch.checks import config_problems, launch_problems, machine_problems
 from app.launch.plan import Plan, device_count

@@ -106,74 +106,8 @@ class CLI(LightningCLI):
         parser.add_class_arguments(SaveSchedule, "checkpoint", instantiate=False)
         # the weights' moving average (off without a decay), a group for the same reason; built in default_callbacks
         parser.add_class_arguments(EMA, "ema", instantiate=False)
-        parser.add_argument(
-            "--launch.timeout",
-            type=float | None,
-            default=None,
-            help="Seconds the ranks wait for each other at start-up and in collectives before failing with a message "
-            "naming who is missing (default: the strategy's own, 1800 s for ddp).",
-        )
-        parser.add_argument(
-            "--launch.hang_timeout",
-            type=float,
-            default=600.0,
-            help="Seconds without a finished training or validation step on any rank before a multi-process job is "
-            "declared stuck: rank 0 names the rank behind and where it is, and every rank exits with status 1. 0 "
-            "turns the watch off. Checkpoint saves are not counted; the job's start has its own allowance "
-            "(--launch.startup_timeout).",
-        )
-        parser.add_argument(
-            "--launch.startup_timeout",
-            type=float | None,
-            default=None,
-            help="The hang watch's allowance while a multi-process fit starts: from the training set-up (after the "
-            "data's) through the sanity check to the end of the first training step, which may compile, start loader "
-            "workers or read a large index. A rank without progress for this long is named with where it is. Default: "
-            "twice --launch.hang_timeout, at least 300 s, inside --launch.timeout.",
-        )
-        parser.add_argument(
-            "--launch.max_restarts",
-            type=int,
-            default=0,
-            help="fit only: how often a fault (a rank that dies or hangs, a lost loader worker) restarts the job, "
-            "which resumes from its newest checkpoint. Under Lightning's launcher (several processes on one node) "
-            "torch's elastic agent runs the ranks and restarts the group; under SLURM it is the job's requeue budget "
-            "(the batch script of tools.slurm submit, or the app in your own script with #SBATCH --requeue); under "
-            "torchrun, torchrun's --max-restarts applies instead. Default 0, as torchrun's: a restart repeats the "
-            "start-up, and a deterministic failure would be repeated that many times; 2 for unattended jobs.",
-        )
-        parser.add_argument(
-            "--launch.debug",
-            type=bool,
-            default=False,
-            help="The preset for a bad day: TORCH_DISTRIBUTED_DEBUG=DETAIL and NCCL_DEBUG=INFO, with torch's "
-            "distributed log of each rank in <default_root_dir>/debug/rank<R>.log, a hang timeout of 120 s at most, "
-            "and checks that every rank has the same number of batches at each epoch's start and logs the same metric "
-            "keys on each logging step.",
-        )
-        parser.add_argument(
-            "--stacks_on",
-            type=str | None,
-            default=None,
-            help="In a recipe file: the recipe it varies, relative to the file, loaded before it (configs/"
-            "imagenet_apex.yaml: `stacks_on: imagenet.yaml`), so that it states only what differs.",
-        )
-        parser.add_argument(
-            "--test_after_fit",
-            type=Literal["none", "best", "last"],
-            default="none",
-            help="fit only: when training ends, test in the same process on the best checkpoint (the monitored "
-            "metric's) or on last.ckpt, as `cli.py test --ckpt_path best|last` would, without a second start-up. "
-            "With checkpointing off, the weights at the end of fit are tested. Ignored by validate, test and predict.",
-        )
-        parser.add_argument(
-            "--trust_checkpoint",
-            type=bool,
-            default=False,
-            help="Load --ckpt_path (and every checkpoint of this run) with full unpickling, which can run code stored "
-            "in the file. Only for legacy checkpoints you trust; by default they are loaded with weights_only=True "
-            "and a file holding pickled Python objects is refused.",
-        )
+        add_launch_arguments(parser)
+        add_run_arguments(parser)
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         # Lightning's version warns when both ``args`` and ``sys.argv`` hold arguments: the normal case for the
@@ -316,6 +250,82 @@ def main(args: list[str] | None = None, run: bool = True, cli_class: type[CLI] |
             requeue=requeue,
             port=port,
         )
+
+
+def add_launch_arguments(parser: LightningArgumentParser) -> None:
+    """The ``--launch.*`` group: how the ranks meet, wait and restart."""
+    parser.add_argument(
+        "--launch.timeout",
+        type=float | None,
+        default=None,
+        help="Seconds the ranks wait for each other at start-up and in collectives before failing with a message "
+        "naming who is missing (default: the strategy's own, 1800 s for ddp).",
+    )
+    parser.add_argument(
+        "--launch.hang_timeout",
+        type=float,
+        default=600.0,
+        help="Seconds without a finished training or validation step on any rank before a multi-process job is "
+        "declared stuck: rank 0 names the rank behind and where it is, and every rank exits with status 1. 0 "
+        "turns the watch off. Checkpoint saves are not counted; the job's start has its own allowance "
+        "(--launch.startup_timeout).",
+    )
+    parser.add_argument(
+        "--launch.startup_timeout",
+        type=float | None,
+        default=None,
+        help="The hang watch's allowance while a multi-process fit starts: from the training set-up (after the "
+        "data's) through the sanity check to the end of the first training step, which may compile, start loader "
+        "workers or read a large index. A rank without progress for this long is named with where it is. Default: "
+        "twice --launch.hang_timeout, at least 300 s, inside --launch.timeout.",
+    )
+    parser.add_argument(
+        "--launch.max_restarts",
+        type=int,
+        default=0,
+        help="fit only: how often a fault (a rank that dies or hangs, a lost loader worker) restarts the job, "
+        "which resumes from its newest checkpoint. Under Lightning's launcher (several processes on one node) "
+        "torch's elastic agent runs the ranks and restarts the group; under SLURM it is the job's requeue budget "
+        "(the batch script of tools.slurm submit, or the app in your own script with #SBATCH --requeue); under "
+        "torchrun, torchrun's --max-restarts applies instead. Default 0, as torchrun's: a restart repeats the "
+        "start-up, and a deterministic failure would be repeated that many times; 2 for unattended jobs.",
+    )
+    parser.add_argument(
+        "--launch.debug",
+        type=bool,
+        default=False,
+        help="The preset for a bad day: TORCH_DISTRIBUTED_DEBUG=DETAIL and NCCL_DEBUG=INFO, with torch's "
+        "distributed log of each rank in <default_root_dir>/debug/rank<R>.log, a hang timeout of 120 s at most, "
+        "and checks that every rank has the same number of batches at each epoch's start and logs the same metric "
+        "keys on each logging step.",
+    )
+
+
+def add_run_arguments(parser: LightningArgumentParser) -> None:
+    """The options of the run itself: the recipe it stacks on, the test after fit, trusting its checkpoints."""
+    parser.add_argument(
+        "--stacks_on",
+        type=str | None,
+        default=None,
+        help="In a recipe file: the recipe it varies, relative to the file, loaded before it (configs/"
+        "imagenet_apex.yaml: `stacks_on: imagenet.yaml`), so that it states only what differs.",
+    )
+    parser.add_argument(
+        "--test_after_fit",
+        type=Literal["none", "best", "last"],
+        default="none",
+        help="fit only: when training ends, test in the same process on the best checkpoint (the monitored "
+        "metric's) or on last.ckpt, as `cli.py test --ckpt_path best|last` would, without a second start-up. "
+        "With checkpointing off, the weights at the end of fit are tested. Ignored by validate, test and predict.",
+    )
+    parser.add_argument(
+        "--trust_checkpoint",
+        type=bool,
+        default=False,
+        help="Load --ckpt_path (and every checkpoint of this run) with full unpickling, which can run code stored "
+        "in the file. Only for legacy checkpoints you trust; by default they are loaded with weights_only=True "
+        "and a file holding pickled Python objects is refused.",
+    )
 
 
 def default_config_files(args: list[str]) -> list[str]:

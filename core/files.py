@@ -30,18 +30,22 @@ def fsync_folder(folder: Path) -> None:
 
 @contextlib.contextmanager
 def replaced_atomically(
-    target: str | Path, durable: bool = True, before_replace: Callable[[], None] | None = None
+    target: str | Path,
+    durable: bool = True,
+    before_replace: Callable[[], None] | None = None,
+    suffix: str = ".partial",
 ) -> Iterator[Path]:
-    """Yields a temporary path beside ``target`` (hidden: ``.<name>.*.partial``) to write whole; when the block ends
-    without an exception it replaces ``target`` in one rename, else it is removed.
+    """Yields a temporary path beside ``target`` (hidden: ``.<name>.<random><suffix>``) to write whole; when the block
+    ends without an exception it replaces ``target`` in one rename, else it is removed.
 
     Args:
         target: the file to write.
         durable: fsync the file before the rename (its bytes are on disk once the name points at them).
         before_replace: called between the write and the rename (a checkpoint keeps the file it replaces).
+        suffix: the temporary file's (a process killed while writing leaves it: its owner knows the name).
     """
     target = Path(target)
-    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
+    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix, dir=target.parent)
     tmp = Path(name)
     try:
         # mkstemp creates the file 0600; open() would honour the umask, so do the same: on a shared project folder

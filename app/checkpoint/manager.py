@@ -7,6 +7,7 @@ the search :mod:`app.checkpoint.resume`'s, the checks against the configuration 
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -56,8 +57,8 @@ class Checkpoints(ResumeSearch):
         """The whole resume decision for a parsed subcommand config, before anything is built: ``--ckpt_path FILE``
         read and checked (missing, truncated, unsafe, another ``model.arch``: one :class:`CheckpointError` each),
         what the run resumes from (:meth:`apply`), the state it loads (read once) and the hyperparameters of the
-        given file, which the CLI applies as LightningCLI does; then :meth:`configure` with the configuration they
-        give.
+        given file. The CLI applies those as LightningCLI does, then lets :meth:`configure` set what the
+        configuration takes from the checkpoint.
 
         Lightning's own ``--ckpt_path`` handling loads the file with a traceback for a missing, truncated or unsafe
         file, and silently replaces a configured ``model.arch`` by the checkpoint's.
@@ -94,8 +95,8 @@ class Checkpoints(ResumeSearch):
         the run read already (any other plugin is kept as configured)."""
         if not isinstance(configured, AtomicCheckpointIO) or resume.reader is None:
             return configured
-        io = AtomicCheckpointIO(weights_only=configured.weights_only and not resume.reader.trust)
-        io.reader = resume.reader
+        io = copy.copy(configured)  # its class and settings (a subclass of it stays one)
+        io.weights_only, io.reader = configured.weights_only and not resume.reader.trust, resume.reader
         return io
 
     @classmethod

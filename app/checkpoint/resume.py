@@ -1,8 +1,5 @@
-"""Which checkpoint a run resumes from, decided once (:class:`ResumeSearch`) as one record (:class:`Resume`) the CLI,
-the loggers and the preflight plan read.
-
-What a run resumes from is decided once (:meth:`ResumeSearch.decide`), as a typed :class:`Resume` the CLI, the loggers
-and the preflight plan read. The sources, in the order they are asked:
+"""Which checkpoint a run resumes from, decided once (:meth:`ResumeSearch.decide`) as one record (:class:`Resume`)
+the CLI, the loggers and the preflight plan read. The sources, in the order they are asked:
 
 - ``--ckpt_path FILE``: that file (checked by :meth:`~app.checkpoint.reading.Reader.given`; a corrupt file the user
   named is refused, never replaced by another).
@@ -16,7 +13,7 @@ and the preflight plan read. The sources, in the order they are asked:
 
 For the automatic sources (everything but an explicit file), a newest checkpoint that does not read (truncated by a
 disk fault, half copied) falls back to the newest one that does, among the same run folder's checkpoints (each
-``last.ckpt`` keeps the one before it as ``last.previous.ckpt``, :class:`app.checkpoint.io.AtomicCheckpointIO`), with
+``last.ckpt`` keeps the one before it as ``last.previous.ckpt``, :class:`app.checkpoint.AtomicCheckpointIO`), with
 one line naming both. A corrupt file is never deleted: an unattended restart must not fail the same way on every
 attempt, and a person may still want to look at it.
 """

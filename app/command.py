@@ -52,7 +52,7 @@ from app.loggers import (
 from app.quiet import silence_known_noise
 from app.sync_batchnorm import with_sync_batchnorm
 from app.trainer import Trainer
-from core.env import detect, export_unset, seconds_since_process_start, split_local_rank
+from core.env import Launch, detect, export_unset, seconds_since_process_start, split_local_rank
 from core.errors import UsageError, UserError, explain_parser_error, parser_options, report
 from modules import ImageClassifier
 
@@ -67,6 +67,7 @@ class CLI(LightningCLI):
 
     plan = None  # the preflight plan of this run (set before the classes are instantiated)
     resume: Resume | None = None  # what this run resumes from, and the checkpoint it loads (read and checked once)
+    launch: Launch | None = None  # this process's launcher and job, read once
 
     def __init__(self, *args: Any, requeue: Requeue | None = None, port: HeldPort | None = None, **kwargs: Any) -> None:
         # the command's: a SLURM job's requeue after a fault (armed for a fit), the rendezvous port held for the run

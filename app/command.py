@@ -1,15 +1,15 @@
 """The command line: LightningCLI with the project's defaults, links and run-directory conventions.
 
 It wires, it does not compute: importing it registers the strategy names (``app.strategies``); reading a
-checkpoint and deciding what to resume are the checkpoint package's (:class:`app.checkpoint.Checkpoints`), the
-checkpoint against the configuration :mod:`app.settings`', logger folders :mod:`app.loggers`', the plan
+checkpoint, checking it against the configuration and deciding what to resume are the checkpoint package's (asked
+once: :meth:`app.checkpoint.Checkpoints.prepare`), logger folders :mod:`app.loggers`', the plan
 :mod:`app.launch.preflight`'s. Every user mistake and fault (any :class:`~core.errors.UserError`) ends here, in one
 channel (:func:`user_errors_explained`): one ``error:`` line, and a SLURM requeue after a fault. The ``--local-rank``
 that ``python -m torch.distributed.launch`` adds is taken out of the arguments here.
 
 Configs: ``configs/base.yaml`` (the machinery: default callbacks, the ``--checkpoint`` group, checkpoint I/O, logger) is
 always loaded, then one recipe: ``configs/mnist.yaml`` unless a ``--config`` file names its own ``data.class_path``.
-Run layout: :mod:`app.checkpoint.manager`.
+Run layout: :mod:`app.checkpoint.names`.
 """
 
 from __future__ import annotations
@@ -29,13 +29,12 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
 import app.strategies  # noqa: F401  (registers the strategy names before the parser reads them)
-from app.callbacks import DEFAULTS, EMA, ModelCheckpoint, StopAtAccuracy
+from app.callbacks import DEFAULTS, EMA, SaveSchedule, StopAtAccuracy
 from app.callbacks.debug_checks import DEBUG_HANG_TIMEOUT, DebugChecks, apply_debug, capture_rank_logs
 from app.callbacks.hang_watch import apply_flight_recorder, effective_timeout, startup_allowance
 from app.callbacks.hang_watch import install as install_hang_watch
 from app.callbacks.lost_rank import watch_the_start_up
-from app.checkpoint import AtomicCheckpointIO, Checkpoints, Resume, RunIdentity
-from app.checkpoint.io import checkpoint_estimate, low_disk_space
+from app.checkpoint import Checkpoints, Resume
 from app.faults import Fault, loader_worker_died
 from app.launch.elastic import run_by_agent
 from app.launch.preflight import preflight
@@ -51,17 +50,9 @@ from app.loggers import (
     write_to_run_dir,
 )
 from app.quiet import silence_known_noise
-from app.settings import (
-    ChangedSettings,
-    check_fits,
-    evaluation_dirpath,
-    read_given_checkpoint,
-    saved_hparams,
-    weights_from_checkpoint,
-)
 from app.sync_batchnorm import with_sync_batchnorm
 from app.trainer import Trainer
-from core.env import detect, export_unset, seconds_since_process_start, split_local_rank
+from core.env import Launch, detect, export_unset, seconds_since_process_start, split_local_rank
 from core.errors import UsageError, UserError, explain_parser_error, parser_options, report
 from modules import ImageClassifier
 
@@ -75,9 +66,8 @@ class CLI(LightningCLI):
     """LightningCLI with the app's options and links; each step it adds is one call into the module that owns it."""
 
     plan = None  # the preflight plan of this run (set before the classes are instantiated)
-    checkpoints: Checkpoints | None = None  # the run's checkpoints: each read once, the resume decision
-    decision: Resume | None = None  # what this run resumes from
-    _checkpoint: dict | None = None  # the checkpoint this run loads, read and checked once
+    resume: Resume | None = None  # what this run resumes from, and the checkpoint it loads (read and checked once)
+    launch: Launch | None = None  # this process's launcher and job, read once
 
     def __init__(self, *args: Any, requeue: Requeue | None = None, port: HeldPort | None = None, **kwargs: Any) -> None:
         # the command's: a SLURM job's requeue after a fault (armed for a fit), the rendezvous port held for the run
@@ -111,79 +101,14 @@ class CLI(LightningCLI):
                 help=f"Add {callback.__module__.rsplit('.', 1)[0]}.{callback.__name__} (false: leave it out; one of "
                 "that class in trainer.callbacks replaces it).",
             )
-        # ModelCheckpoint's arguments as a group, built in instantiate_trainer: not added at all when
-        # --trainer.enable_checkpointing is false (Lightning refuses a checkpoint callback then)
-        parser.add_class_arguments(ModelCheckpoint, "checkpoint", instantiate=False)
+        # SaveSchedule's arguments (Lightning's ModelCheckpoint's and its own) as a group, built in
+        # instantiate_trainer: not added at all when --trainer.enable_checkpointing is false (Lightning refuses a
+        # checkpoint callback then)
+        parser.add_class_arguments(SaveSchedule, "checkpoint", instantiate=False)
         # the weights' moving average (off without a decay), a group for the same reason; built in default_callbacks
         parser.add_class_arguments(EMA, "ema", instantiate=False)
-        parser.add_argument(
-            "--launch.timeout",
-            type=float | None,
-            default=None,
-            help="Seconds the ranks wait for each other at start-up and in collectives before failing with a message "
-            "naming who is missing (default: the strategy's own, 1800 s for ddp).",
-        )
-        parser.add_argument(
-            "--launch.hang_timeout",
-            type=float,
-            default=600.0,
-            help="Seconds without a finished training or validation step on any rank before a multi-process job is "
-            "declared stuck: rank 0 names the rank behind and where it is, and every rank exits with status 1. 0 "
-            "turns the watch off. Checkpoint saves are not counted; the job's start has its own allowance "
-            "(--launch.startup_timeout).",
-        )
-        parser.add_argument(
-            "--launch.startup_timeout",
-            type=float | None,
-            default=None,
-            help="The hang watch's allowance while a multi-process fit starts: from the training set-up (after the "
-            "data's) through the sanity check to the end of the first training step, which may compile, start loader "
-            "workers or read a large index. A rank without progress for this long is named with where it is. Default: "
-            "twice --launch.hang_timeout, at least 300 s, inside --launch.timeout.",
-        )
-        parser.add_argument(
-            "--launch.max_restarts",
-            type=int,
-            default=0,
-            help="fit only: how often a fault (a rank that dies or hangs, a lost loader worker) restarts the job, "
-            "which resumes from its newest checkpoint. Under Lightning's launcher (several processes on one node) "
-            "torch's elastic agent runs the ranks and restarts the group; under SLURM it is the job's requeue budget "
-            "(the batch script of tools.slurm submit, or the app in your own script with #SBATCH --requeue); under "
-            "torchrun, torchrun's --max-restarts applies instead. Default 0, as torchrun's: a restart repeats the "
-            "start-up, and a deterministic failure would be repeated that many times; 2 for unattended jobs.",
-        )
-        parser.add_argument(
-            "--launch.debug",
-            type=bool,
-            default=False,
-            help="The preset for a bad day: TORCH_DISTRIBUTED_DEBUG=DETAIL and NCCL_DEBUG=INFO, with torch's "
-            "distributed log of each rank in <default_root_dir>/debug/rank<R>.log, a hang timeout of 120 s at most, "
-            "and checks that every rank has the same number of batches at each epoch's start and logs the same metric "
-            "keys on each logging step.",
-        )
-        parser.add_argument(
-            "--stacks_on",
-            type=str | None,
-            default=None,
-            help="In a recipe file: the recipe it varies, relative to the file, loaded before it (configs/"
-            "imagenet_apex.yaml: `stacks_on: imagenet.yaml`), so that it states only what differs.",
-        )
-        parser.add_argument(
-            "--test_after_fit",
-            type=Literal["none", "best", "last"],
-            default="none",
-            help="fit only: when training ends, test in the same process on the best checkpoint (the monitored "
-            "metric's) or on last.ckpt, as `cli.py test --ckpt_path best|last` would, without a second start-up. "
-            "With checkpointing off, the weights at the end of fit are tested. Ignored by validate, test and predict.",
-        )
-        parser.add_argument(
-            "--trust_checkpoint",
-            type=bool,
-            default=False,
-            help="Load --ckpt_path (and every checkpoint of this run) with full unpickling, which can run code stored "
-            "in the file. Only for legacy checkpoints you trust; by default they are loaded with weights_only=True "
-            "and a file holding pickled Python objects is refused.",
-        )
+        add_launch_arguments(parser)
+        add_run_arguments(parser)
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         # Lightning's version warns when both ``args`` and ``sys.argv`` hold arguments: the normal case for the
@@ -193,40 +118,32 @@ class CLI(LightningCLI):
         except ArgumentError as err:  # jsonargparse's message is the whole usage text; ours names the closest option
             raise explain_parser_error(str(err), parser_options(parser)) from None
 
-    def _subcommand_config(self):
-        return self.config[self.subcommand] if self.subcommand else self.config
+    def _subcommand_config(self) -> Namespace:
+        subcommand = self.config.get("subcommand")  # also before LightningCLI sets self.subcommand
+        return self.config[subcommand] if subcommand else self.config
 
     def _parse_ckpt_path(self) -> None:
-        """Checks ``--ckpt_path FILE`` before anything is built, then applies its hyperparameters as Lightning does.
+        """The run's one question to its checkpoints, in LightningCLI's hook for ``--ckpt_path``: what it resumes
+        from, checked and read once (:meth:`Checkpoints.prepare`); the hyperparameters of a given file applied as
+        Lightning applies them; then what the configuration takes from the checkpoint.
 
         Lightning's version loads the file with a traceback for a missing, truncated or unsafe file, and silently
         replaces a configured ``model.arch`` by the checkpoint's; each of these is a one-line error here instead.
         """
         subcommand = self.config.get("subcommand")
-        config = self.config[subcommand] if subcommand else self.config
-        self.checkpoints = Checkpoints.of(config)
-        self._checkpoint = read_given_checkpoint(config, self.checkpoints) if subcommand else None
-        if self._checkpoint is not None and (hparams := saved_hparams(self._checkpoint)):
-            self.config = self.parser.parse_object({self.config.subcommand: {"model": hparams}}, self.config)
+        self.launch = detect()
+        self.resume = Checkpoints.prepare(self._subcommand_config(), subcommand, self.launch)
+        if self.resume.hparams:
+            self.config = self.parser.parse_object({subcommand: {"model": self.resume.hparams}}, self.config)
+        Checkpoints.configure(self.resume, self._subcommand_config())
 
     def before_instantiate_classes(self) -> None:
-        config = self._subcommand_config()
+        config, resume, launch = self._subcommand_config(), self.resume, self.launch
         config.stacks_on = None  # loaded already (default_config_files); the run's saved config.yaml is whole
         write_to_run_dir(config)
-        launch = detect()
-        # the one decision (a file, last, hpc, a restart), reading each candidate once
-        self.decision = self.checkpoints.apply(config, self.subcommand, launch)
-        if self.decision.source.found_here and self.decision.path and self.subcommand == "fit":
-            continue_run_of(config, self.decision.path)
-        if self._checkpoint is None and self.decision.checkpoint is not None:
-            self._checkpoint = self.decision.checkpoint  # read while deciding
-        if config.get("ckpt_path") and self._checkpoint is None and Path(config.ckpt_path).is_file():
-            self._checkpoint = self.checkpoints.given(config.ckpt_path)
-        if self._checkpoint is not None:
-            weights_from_checkpoint(config)
-        if self.subcommand not in (None, "fit") and self._checkpoint is not None:
-            evaluation_dirpath(config, self._checkpoint)
-        prepare_loggers(config, self.subcommand, self.decision)  # W&B group; the checkpoint's run identity
+        if resume.source.found_here and resume.path and self.subcommand == "fit":
+            continue_run_of(config, resume.path)
+        prepare_loggers(config, self.subcommand, resume)  # W&B group; the checkpoint's run identity
         # launcher vs config, before any process group exists; rank 0 prints the plan, every rank stops on a problem
         hang = config.launch.hang_timeout
         if config.launch.debug:
@@ -235,7 +152,7 @@ class CLI(LightningCLI):
         hang = effective_timeout(hang, config.launch.timeout)
         restarts = config.launch.max_restarts if self.subcommand == "fit" else 0
         self.plan = preflight(
-            config, timeout=config.launch.timeout, hang_timeout=hang, resume=self.decision, max_restarts=restarts,
+            config, timeout=config.launch.timeout, hang_timeout=hang, resume=resume, max_restarts=restarts,
             startup_timeout=startup, launch=launch,
         )  # fmt: skip
         if port := self.port.hold(self.plan):  # the ranks Lightning starts meet there; no other job can take it
@@ -263,21 +180,9 @@ class CLI(LightningCLI):
                 "epoch's start, the same metric keys on each logging step; torch's distributed log of each rank in "
                 f"{folder / 'rank<R>.log'}"
             )
-        if isinstance(io := self.trainer.strategy.checkpoint_io, AtomicCheckpointIO):
-            if config.trust_checkpoint:
-                io.weights_only = False
-            io.reader = self.checkpoints.reader  # Lightning's load of the checkpoint takes what the run read already
-        if getattr(self, "_checkpoint", None) is not None:  # before the Trainer's load_state_dict error wall
-            check_fits(self._checkpoint, config.ckpt_path, self.model, self.model.hparams.get("arch"))
-        if self.subcommand == "fit" and self._checkpoint is not None:  # settings changed since the checkpoint's run
-            current = redact(resolved_config(self._parser(self.subcommand), config))  # as the checkpoint keeps it
-            saved = RunIdentity.of(self._checkpoint).configuration()
-            self.trainer.callbacks.append(ChangedSettings(saved, current))
-        if self.subcommand == "fit" and self.trainer.checkpoint_callback is not None:
-            factory = getattr(self.model, "optimizer_factory", None)
-            optimizer = factory(self.model.parameters()) if callable(factory) else None
-            if warning := low_disk_space(self.trainer.default_root_dir, checkpoint_estimate(self.model, optimizer)):
-                rank_zero_info(warning)
+        # the run's configuration as a checkpoint keeps it, for a fit that resumes one
+        saved_as = lambda: redact(resolved_config(self._parser(self.subcommand), config))  # noqa: E731
+        Checkpoints.attach(self.resume, self.trainer, self.model, config, saved_as)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         # sync_batchnorm: the app's LayerSync, which also works on CPU (Lightning's converts to torch's SyncBatchNorm)
@@ -348,6 +253,82 @@ def main(args: list[str] | None = None, run: bool = True, cli_class: type[CLI] |
         )
 
 
+def add_launch_arguments(parser: LightningArgumentParser) -> None:
+    """The ``--launch.*`` group: how the ranks meet, wait and restart."""
+    parser.add_argument(
+        "--launch.timeout",
+        type=float | None,
+        default=None,
+        help="Seconds the ranks wait for each other at start-up and in collectives before failing with a message "
+        "naming who is missing (default: the strategy's own, 1800 s for ddp).",
+    )
+    parser.add_argument(
+        "--launch.hang_timeout",
+        type=float,
+        default=600.0,
+        help="Seconds without a finished training or validation step on any rank before a multi-process job is "
+        "declared stuck: rank 0 names the rank behind and where it is, and every rank exits with status 1. 0 "
+        "turns the watch off. Checkpoint saves are not counted; the job's start has its own allowance "
+        "(--launch.startup_timeout).",
+    )
+    parser.add_argument(
+        "--launch.startup_timeout",
+        type=float | None,
+        default=None,
+        help="The hang watch's allowance while a multi-process fit starts: from the training set-up (after the "
+        "data's) through the sanity check to the end of the first training step, which may compile, start loader "
+        "workers or read a large index. A rank without progress for this long is named with where it is. Default: "
+        "twice --launch.hang_timeout, at least 300 s, inside --launch.timeout.",
+    )
+    parser.add_argument(
+        "--launch.max_restarts",
+        type=int,
+        default=0,
+        help="fit only: how often a fault (a rank that dies or hangs, a lost loader worker) restarts the job, "
+        "which resumes from its newest checkpoint. Under Lightning's launcher (several processes on one node) "
+        "torch's elastic agent runs the ranks and restarts the group; under SLURM it is the job's requeue budget "
+        "(the batch script of tools.slurm submit, or the app in your own script with #SBATCH --requeue); under "
+        "torchrun, torchrun's --max-restarts applies instead. Default 0, as torchrun's: a restart repeats the "
+        "start-up, and a deterministic failure would be repeated that many times; 2 for unattended jobs.",
+    )
+    parser.add_argument(
+        "--launch.debug",
+        type=bool,
+        default=False,
+        help="The preset for a bad day: TORCH_DISTRIBUTED_DEBUG=DETAIL and NCCL_DEBUG=INFO, with torch's "
+        "distributed log of each rank in <default_root_dir>/debug/rank<R>.log, a hang timeout of 120 s at most, "
+        "and checks that every rank has the same number of batches at each epoch's start and logs the same metric "
+        "keys on each logging step.",
+    )
+
+
+def add_run_arguments(parser: LightningArgumentParser) -> None:
+    """The options of the run itself: the recipe it stacks on, the test after fit, trusting its checkpoints."""
+    parser.add_argument(
+        "--stacks_on",
+        type=str | None,
+        default=None,
+        help="In a recipe file: the recipe it varies, relative to the file, loaded before it (configs/"
+        "imagenet_apex.yaml: `stacks_on: imagenet.yaml`), so that it states only what differs.",
+    )
+    parser.add_argument(
+        "--test_after_fit",
+        type=Literal["none", "best", "last"],
+        default="none",
+        help="fit only: when training ends, test in the same process on the best checkpoint (the monitored "
+        "metric's) or on last.ckpt, as `cli.py test --ckpt_path best|last` would, without a second start-up. "
+        "With checkpointing off, the weights at the end of fit are tested. Ignored by validate, test and predict.",
+    )
+    parser.add_argument(
+        "--trust_checkpoint",
+        type=bool,
+        default=False,
+        help="Load --ckpt_path (and every checkpoint of this run) with full unpickling, which can run code stored "
+        "in the file. Only for legacy checkpoints you trust; by default they are loaded with weights_only=True "
+        "and a file holding pickled Python objects is refused.",
+    )
+
+
 def default_config_files(args: list[str]) -> list[str]:
     """``configs/base.yaml``, then the recipes the ``--config`` files in ``args`` stack on, else ``configs/mnist.yaml``.
 
@@ -401,7 +382,7 @@ def default_callbacks(config: Namespace, given: list[Callback]) -> list[Callback
     chosen = [cls() for name, cls in DEFAULTS.items() if switches.get(name, True) and wanted(cls)]
     checkpoint, enabled = config.get("checkpoint"), config.trainer.get("enable_checkpointing") is not False
     if checkpoint is not None and enabled and wanted(AnyModelCheckpoint):
-        chosen.insert(0, ModelCheckpoint(**checkpoint))
+        chosen.insert(0, SaveSchedule(**checkpoint))
     ema = EMA(**(config.get("ema") or {}))
     if ema.enabled and wanted(WeightAveraging):
         chosen.insert(0, ema)

@@ -29,7 +29,7 @@ ChildProcessObserver = _ChildProcessObserver  # the thread of Lightning's launch
 
 # members of Lightning's classes that the app's subclasses override or use on themselves: class -> names
 SUBCLASSED: dict[str, tuple[str, ...]] = {
-    # app.callbacks.save_schedule.ModelCheckpoint: when last.ckpt is saved
+    # app.callbacks.save_schedule.SaveSchedule: when last.ckpt is saved
     "lightning.pytorch.callbacks.ModelCheckpoint": (
         "_save_checkpoint",
         "_save_last_checkpoint",

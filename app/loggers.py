@@ -32,10 +32,7 @@ from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_info
 
-from app.checkpoint import Resume, RunIdentity
-from app.checkpoint.identity import jobs_of
-from app.checkpoint.manager import root as run_folder_of
-from app.checkpoint.manager import version_of
+from app.checkpoint import Resume, RunIdentity, jobs_of, run_folder, version_of
 from core import env
 from core.env import detect
 from core.errors import UserError
@@ -197,7 +194,7 @@ def environment(trainer: Trainer) -> dict[str, Any]:
         "accelerator": type(trainer.accelerator).__name__,
         "device_names": names,
         "cluster_environment": type(cluster).__name__ if cluster is not None else None,
-        **jobs_of(detect()),  # a restart with nothing saved continues this run (app.checkpoint.identity.started_by)
+        **jobs_of(detect()),  # a restart with nothing saved continues this run (the run identity's job ids)
         "torch": str(torch.__version__),  # a TorchVersion would be written as a Python object tag
         "lightning": lightning.__version__,
         "cuda": torch.version.cuda,
@@ -222,7 +219,7 @@ class TrackingConfigCallback(SaveConfigCallback):
     (credentials redacted). Into every checkpoint it writes the run identity (:class:`app.checkpoint.RunIdentity`:
     TensorBoard version folder, W&B run id, the job, the configuration as YAML with credentials redacted), under the
     record's own key, whatever this class is called: :func:`prepare_loggers` continues the loggers from it, and
-    :class:`app.settings.ChangedSettings` compares a resumed run's configuration with it.
+    :class:`app.checkpoint.changed_settings.ChangedSettings` compares a resumed run's configuration with it.
     """
 
     _config_text: str | None = None
@@ -300,7 +297,7 @@ def _init_parameters(class_path: str) -> dict[str, inspect.Parameter]:
 
 def write_to_run_dir(config: Any) -> None:
     """A logger configured without ``save_dir`` writes into ``trainer.default_root_dir``: one folder to set."""
-    root = str(run_folder_of(config.trainer.default_root_dir))
+    root = str(run_folder(config.trainer.default_root_dir))
     for logger in logger_configs(config):
         if "save_dir" in logger.init_args and logger.init_args.save_dir in (None, RUN_DIR):
             logger.init_args.save_dir = root
@@ -357,7 +354,7 @@ def _group_the_nodes(nodes: int, wandb_cfgs: list) -> None:
 def _continue_the_checkpoints_run(config: Any, resume: Resume, tb_cfgs: list, wandb_cfgs: list) -> None:
     """A fit resuming from a checkpoint of this run folder continues its TensorBoard version and W&B run id."""
     checkpoint = resume.path
-    root = run_folder_of(config.trainer.get("default_root_dir")).resolve()
+    root = run_folder(config.trainer.get("default_root_dir")).resolve()
     if not checkpoint.is_file() or root not in checkpoint.resolve().parents:
         return
     record = resume.identity

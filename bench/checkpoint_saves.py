@@ -71,15 +71,14 @@ def drop_cache(path: Path) -> None:
 
 def read(path: Path) -> None:
     """What a restart reads: the SHA-256 check of the resume's decision, then the whole checkpoint."""
-    from app.checkpoint.reading import Reader
+    from app.checkpoint import Checkpoints
 
-    assert Reader().intact(path)  # a new process's reader: nothing checked yet
+    assert Checkpoints().reader.intact(path)  # a new process's reader: nothing checked yet
     torch.load(path, map_location="cpu", weights_only=True)
 
 
 def measure(arch: str, folder: Path) -> dict[str, Any]:
-    from app.checkpoint import AtomicCheckpointIO, BackgroundSaves
-    from app.checkpoint.local_copy import LocalCopies, local_folder, remove_local_copies
+    from app.checkpoint import AtomicCheckpointIO, BackgroundSaves, LocalCopies, local_folder, remove_local_copies
 
     state = state_of(arch)
     run, disk_local = folder / arch / "run", folder / arch / "node-disk"

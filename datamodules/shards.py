@@ -54,6 +54,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_datas
 
 from core.env import slurm_task
 from core.errors import UsageError, UserError, report
+from core.files import replaced_atomically
 from datamodules.base import available_cpus
 from datamodules.decode import Decoder, _Skipped, decode
 from datamodules.sources import SKIP_HINT, SampleDecoder
@@ -145,9 +146,13 @@ def _plan(src: Path, options: Options) -> dict[str, Any]:
 
 def _write_json(path: Path, data: Any) -> None:
     """Written to a temporary name then renamed: a killed process never leaves a half-written file under ``path``."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
+    with _written(path) as tmp:
+        tmp.write_text(json.dumps(data))
+
+
+def _written(path: Path) -> contextlib.AbstractContextManager[Path]:
+    """The atomic write of every file here (not fsynced: a conversion killed midway is run again)."""
+    return replaced_atomically(path, durable=False, suffix=".tmp")
 
 
 def _prepare(src: Path, dst: Path, options: Options) -> dict[str, Any]:
@@ -201,32 +206,31 @@ def _convert_shard(job: tuple[Path, Path, str, int, dict[str, Any], list]) -> tu
     the source listing, relative path, label) items; returns its split, images and unreadable images."""
     src, dst, split, number, options, spec = job
     path = _shard_path(dst, split, number)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     rows, keys, skipped = [], [], []
-    with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
-        for source_index, relative, label in spec:
-            try:
-                data, extension = _encode((src / relative).read_bytes(), options["max_side"], options["quality"])
-            except (OSError, ValueError, SyntaxError) as err:  # as the folder pipeline: listed and skipped
-                skipped.append(f"{relative}: {type(err).__name__}: {err}")
-                continue
-            stem, suffix = os.path.splitext(Path(relative).relative_to(split).as_posix())
-            key = stem
-            member = tarfile.TarInfo(f"{key}{extension or suffix.lower()}")
-            member.size, member.mtime = len(data), 0
-            tar.addfile(member, io.BytesIO(data))
-            cls = str(label).encode()
-            label_member = tarfile.TarInfo(f"{key}.cls")
-            label_member.size, label_member.mtime = len(cls), 0
-            tar.addfile(label_member, io.BytesIO(cls))
-            rows.append([number, 0, len(data), label, source_index])
-            keys.append(relative)
-    with tarfile.open(tmp) as tar:  # the data offsets, from the headers just written
-        offsets = [m.offset_data for m in tar.getmembers() if not m.name.endswith(".cls")]
-    for row, offset in zip(rows, offsets, strict=True):
-        row[OFFSET] = offset
-    digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
-    os.replace(tmp, path)
+    with _written(path) as tmp:
+        with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
+            for source_index, relative, label in spec:
+                try:
+                    data, extension = _encode((src / relative).read_bytes(), options["max_side"], options["quality"])
+                except (OSError, ValueError, SyntaxError) as err:  # as the folder pipeline: listed and skipped
+                    skipped.append(f"{relative}: {type(err).__name__}: {err}")
+                    continue
+                stem, suffix = os.path.splitext(Path(relative).relative_to(split).as_posix())
+                key = stem
+                member = tarfile.TarInfo(f"{key}{extension or suffix.lower()}")
+                member.size, member.mtime = len(data), 0
+                tar.addfile(member, io.BytesIO(data))
+                cls = str(label).encode()
+                label_member = tarfile.TarInfo(f"{key}.cls")
+                label_member.size, label_member.mtime = len(cls), 0
+                tar.addfile(label_member, io.BytesIO(cls))
+                rows.append([number, 0, len(data), label, source_index])
+                keys.append(relative)
+        with tarfile.open(tmp) as tar:  # the data offsets, from the headers just written
+            offsets = [m.offset_data for m in tar.getmembers() if not m.name.endswith(".cls")]
+        for row, offset in zip(rows, offsets, strict=True):
+            row[OFFSET] = offset
+        digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
     np.save(path.with_suffix(".npy"), np.asarray(rows, dtype=np.int64).reshape(-1, 5))
     meta = {"images": len(rows), "bytes": path.stat().st_size, "sha256": digest, "keys": keys, "skipped": skipped}
     _write_json(path.with_suffix(".json"), meta)  # last: the shard's "done" mark
@@ -261,13 +265,10 @@ def _finish(dst: Path, plan: dict[str, Any]) -> dict[str, Any] | None:
         index = np.concatenate(rows)
         order = np.argsort(index[:, SOURCE], kind="stable")  # the reader's order: the source's (ImageFolder)
         # atomic, as every file here: two SLURM tasks finishing together both write these (the same bytes)
-        tmp = dst / split / f".index.npy.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
+        with _written(dst / split / "index.npy") as tmp, open(tmp, "wb") as f:
             np.save(f, index[order])
-        os.replace(tmp, dst / split / "index.npy")
-        tmp = dst / split / f".keys.txt.{os.getpid()}.tmp"
-        tmp.write_text("".join(f"{keys[i]}\n" for i in order))
-        os.replace(tmp, dst / split / "keys.txt")
+        with _written(dst / split / "keys.txt") as tmp:
+            tmp.write_text("".join(f"{keys[i]}\n" for i in order))
         splits[split] = {"images": int(len(index)), "source_images": spec["images"], "skipped": skipped}
         splits[split]["shards"] = shards
     manifest = {k: plan[k] for k in ("format", "version", "source", "options", "classes")}

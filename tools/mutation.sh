@@ -9,7 +9,7 @@ set -u
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin}
 declare -A FUNCTIONS=(
-    [checkpoint]="app.checkpoint.manager.x_resumable_checkpoints__mutmut_* app.checkpoint.manager.x_hpc_checkpoints__mutmut_* app.checkpoint.manager.xǁCheckpointsǁdecide__mutmut_* app.checkpoint.manager.xǁCheckpointsǁ_newest_readable__mutmut_*"
+    [checkpoint]="app.checkpoint.names.x_resumable_checkpoints__mutmut_* app.checkpoint.names.x_hpc_checkpoints__mutmut_* app.checkpoint.resume.xǁResumeSearchǁdecide__mutmut_* app.checkpoint.resume.xǁResumeSearchǁ_newest_readable__mutmut_*"
     [amp]="app.callbacks.amp.xǁAMPHealthǁon_train_batch_end__mutmut_* app.callbacks.amp.xǁAMPHealthǁ_check__mutmut_*"
     [classifier]="modules.classifier.xǁImageClassifierǁ_log_train_step__mutmut_* modules.classifier.xǁImageClassifierǁon_train_epoch_end__mutmut_*"
     [allreduce]="app.strategies.allreduce.xǁAllReduceStrategyǁconfigure_ddp__mutmut_* app.strategies.allreduce.xǁAllReduceStrategyǁ_make_buckets__mutmut_* app.strategies.allreduce.xǁAllReduceStrategyǁ_on_grad_ready__mutmut_* app.strategies.allreduce.xǁAllReduceStrategyǁ_launch__mutmut_* app.strategies.allreduce.xǁAllReduceStrategyǁaverage_gradients__mutmut_* app.strategies.allreduce.xǁAllReduceStrategyǁsync_buffers__mutmut_*"

@@ -2,7 +2,7 @@
 (:class:`RankEpochLoss`) and the final summary; the random generator states of checkpoints (:class:`RNGState`); the
 ranks' agreements (SIGTERM, requeue, lost rank).
 
-Checkpoints are :mod:`app.checkpoint`'s; when the run saves is the ``--checkpoint`` group's :class:`ModelCheckpoint`
+Checkpoints are :mod:`app.checkpoint`'s; when the run saves is the ``--checkpoint`` group's :class:`SaveSchedule`
 (:mod:`app.callbacks.save_schedule`), the weights' moving average the ``--ema`` group's :class:`EMA` (when a decay is
 given). :data:`DEFAULTS` are the callbacks every run gets (the CLI's ``--callbacks.NAME`` switches, configs/base.yaml).
 """
@@ -16,7 +16,7 @@ from app.callbacks.lr_monitor import LearningRateMonitor
 from app.callbacks.preemption import SLURMRequeue
 from app.callbacks.rank_loss import RankEpochLoss
 from app.callbacks.rng import RNGState
-from app.callbacks.save_schedule import ModelCheckpoint
+from app.callbacks.save_schedule import SaveSchedule
 from app.callbacks.sigterm import SIGTERMCheckpoint
 from app.callbacks.stop_at_accuracy import StopAtAccuracy
 from app.callbacks.stragglers import Stragglers
@@ -43,12 +43,12 @@ __all__ = [
     "LearningRateMonitor",
     "LostRank",
     "LostRankError",
-    "ModelCheckpoint",
     "NonFiniteLossError",
     "RankEpochLoss",
     "RNGState",
     "SIGTERMCheckpoint",
     "SLURMRequeue",
+    "SaveSchedule",
     "StopAtAccuracy",
     "Stragglers",
     "Throughput",

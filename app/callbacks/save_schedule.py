@@ -1,5 +1,6 @@
-"""When the run saves: Lightning's ``ModelCheckpoint``, configured by the ``--checkpoint.*`` CLI group. How a save is
-written (atomically, in the background, copied to the node) is the checkpoint package's (:mod:`app.checkpoint`)."""
+"""When the run saves (:class:`SaveSchedule`): Lightning's ``ModelCheckpoint``, configured by the ``--checkpoint.*``
+CLI group. How a save is written (atomically, in the background, copied to the node) is the checkpoint package's
+(:mod:`app.checkpoint`)."""
 
 from __future__ import annotations
 
@@ -15,17 +16,16 @@ from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
 from app.callbacks import agree
-from app.checkpoint import AtomicCheckpointIO, BackgroundSaves
-from app.checkpoint.background import atomic_io
-from app.checkpoint.local_copy import remove_local_copies, restarts_in_place
+from app.checkpoint import AtomicCheckpointIO, BackgroundSaves, atomic_io, remove_local_copies, restarts_in_place
 from app.lightning_private import should_accumulate
 from core.env import detect
 
 INTERVAL = "interval_save"  # the agreement's flag: rank 0's interval has elapsed
 
 
-class ModelCheckpoint(callbacks.ModelCheckpoint):
-    """Lightning's ``ModelCheckpoint``; a checkpoint saved under a relative run folder reloads without a warning.
+class SaveSchedule(callbacks.ModelCheckpoint):
+    """When the run saves: Lightning's ``ModelCheckpoint`` (its state keeps that name); a checkpoint saved under a
+    relative run folder reloads without a warning.
 
     Lightning resolves ``dirpath`` at setup from the logger (``runs/mnist/version_0/checkpoints`` for the default
     relative run folder) and saves it in the checkpoint, but ``realpath``s a ``dirpath`` given to ``__init__``; when a
@@ -196,6 +196,13 @@ class ModelCheckpoint(callbacks.ModelCheckpoint):
         by_steps = self._every_n_train_steps >= 1 and trainer.global_step % self._every_n_train_steps == 0
         by_time = self._last_time_checked != checked
         return self.save_last and (by_steps or by_time) and not self._should_skip_saving_checkpoint(trainer)
+
+    @property
+    @override
+    def state_key(self) -> str:
+        # the name checkpoints hold this state under, also those saved while the class was called ModelCheckpoint:
+        # Lightning restores the best-model state by it, and an evaluation finds the folder by it
+        return "ModelCheckpoint" + super().state_key[len(type(self).__qualname__) :]
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

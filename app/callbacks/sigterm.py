@@ -12,7 +12,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from app.callbacks import agree
-from app.checkpoint.manager import last_checkpoint_of
+from app.checkpoint import last_checkpoint_of
 from app.lightning_private import restore_sigterm_broadcast, should_accumulate, skip_sigterm_broadcast
 from core.errors import say
 

@@ -6,26 +6,26 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from lightning_utilities.core.apply_func import apply_to_collection
 
-from app.checkpoint.io import AtomicCheckpointIO
 from app.lightning_private import PATH
 
 
 class BackgroundSaves(AsyncCheckpointIO):
     """Lightning's ``AsyncCheckpointIO`` around :class:`AtomicCheckpointIO`: a save made while :attr:`deferring`
-    (the periodic saves during training, :class:`app.callbacks.ModelCheckpoint`) is written by a thread while
+    (the periodic saves during training, :class:`app.callbacks.SaveSchedule`) is written by a thread while
     training goes on; every other save (the end of fit, a signal's) is waited for.
 
     Lightning's version clones every tensor on its own device (a second copy of the weights and optimizer state in
     GPU memory) and reports a failed save only at the next one without waiting for it; here the snapshot goes to
     host memory, at most one save is in flight (the next save and the teardown wait for it first; a removal runs
-    after it), and a failure (a full disk: :class:`~app.checkpoint.io.DiskFullError`) is raised there on rank 0,
+    after it), and a failure (a full disk: :class:`~app.checkpoint.DiskFullError`) is raised there on rank 0,
     where :class:`app.trainer.Trainer` shares it with every rank.
     """
 
-    def __init__(self, checkpoint_io: AtomicCheckpointIO) -> None:
+    def __init__(self, checkpoint_io: CheckpointIO) -> None:  # the run's AtomicCheckpointIO
         super().__init__(checkpoint_io)
         self.deferring = False
         self._pending = None

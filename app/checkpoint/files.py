@@ -3,12 +3,11 @@ last.ckpt.sha256`` checks it by hand), written atomically, with the permissions 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from core.files import replaced_atomically
 
 
 class Hashing:
@@ -32,17 +31,8 @@ def checksum_path(path: Path) -> Path:
 
 def write_checksum(path: Path, digest: str) -> None:
     """Writes ``digest`` as ``path``'s checksum file, atomically (the file or its previous version, never half)."""
-    target = checksum_path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as file:
-            file.write(f"{digest}  {path.name}\n")
-        os.chmod(tmp, 0o666 & ~umask())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with replaced_atomically(checksum_path(path), durable=False) as tmp:
+        tmp.write_text(f"{digest}  {path.name}\n")
 
 
 def recorded_checksum(path: Path) -> str | None:
@@ -65,20 +55,3 @@ def file_checksum(path: Path) -> str:
 
 def megabytes(size: float) -> str:
     return f"{size / 1e6:.1f} MB"
-
-
-def umask() -> int:
-    """The process's umask (reading it means setting it: set it straight back)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def fsync_folder(folder: Path) -> None:
-    """Makes the renames in ``folder`` durable, where the filesystem allows it."""
-    with contextlib.suppress(OSError):  # not possible on every filesystem
-        dir_fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)

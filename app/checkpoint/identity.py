@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
@@ -33,6 +33,8 @@ class RunIdentity:
         slurm_job: ``SLURM_JOB_ID`` of the job that saved it.
         config: the run's whole configuration as YAML (credentials redacted).
     """
+
+    KEY: ClassVar[str] = KEY  # the checkpoint's top-level key of the record
 
     tensorboard_version: str | None = None
     wandb_id: str | None = None

@@ -19,7 +19,6 @@ import glob
 import os
 import pickle
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,21 +26,15 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_info
 
-from app.checkpoint.files import (
-    Hashing,
-    checksum_path,
-    fsync_folder,
-    megabytes,
-    recorded_checksum,
-    umask,
-    write_checksum,
-)
-from app.checkpoint.local_copy import LocalCopies, readable_copy
-from app.checkpoint.manager import LAST, previous_of
-from app.checkpoint.reading import Reader, UnsafeCheckpointError, load_on_cpu, refusal, refused
+from app.checkpoint.disk import tensor_bytes
+from app.checkpoint.files import Hashing, checksum_path, megabytes, recorded_checksum, write_checksum
+from app.checkpoint.local_copy import LocalCopies
+from app.checkpoint.names import LAST, previous_of
+from app.checkpoint.reading import Reader, UnsafeCheckpointError, load_on_cpu, readable_copy, refusal, refused
 from app.lightning_private import PATH
 from app.lightning_private import load as pl_load
 from core.errors import UserError
+from core.files import fsync_folder, replaced_atomically
 
 
 def own_device() -> torch.device:
@@ -69,7 +62,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         super().__init__()
         self.weights_only = weights_only
         self.local_copy = False  # also copy each last.ckpt to the node's own storage (the --checkpoint group sets it)
-        self.reader: Reader | None = None  # the run's reader (the CLI sets it): a file it has read is not read again
+        # the run's reader (set by the plugin :meth:`app.checkpoint.Checkpoints.plugin` builds): a file it has read is
+        # not read again (not an argument: the run's saved configuration would list it)
+        self.reader: Reader | None = None
         self._copies: LocalCopies | None = None
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: PATH, storage_options: Any | None = None) -> None:
@@ -77,24 +72,14 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return super().save_checkpoint(checkpoint, path, storage_options)
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
         try:
-            # mkstemp creates the file 0600; torch.save (open()) would honour the umask, so do the same: on a shared
-            # project folder the team reads the checkpoints like the run's other files.
-            os.fchmod(fd, 0o666 & ~umask())
-            with os.fdopen(fd, "wb") as file:
+            with replaced_atomically(path, before_replace=lambda: keep_previous(path)) as tmp, open(tmp, "wb") as file:
                 hashing = Hashing(file)  # the SHA-256 of the bytes as they are written: no second read
                 torch.save(checkpoint, hashing)
-                file.flush()
-                os.fsync(file.fileno())
-            keep_previous(path)
-            os.replace(tmp, path)
-            # A crash between these two renames leaves the new file with the old SHA-256: a resume then takes it for
-            # damaged and falls back to last.previous.ckpt (one interval lost, never a wrong state).
+            # A crash between the rename and this one leaves the new file with the old SHA-256: a resume then takes it
+            # for damaged and falls back to last.previous.ckpt (one interval lost, never a wrong state).
             write_checksum(path, hashing.sha256.hexdigest())
         except BaseException as err:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
             if _no_space(err):  # torch reports it as "unexpected pos" in its zip writer, the OSError as its context
                 raise DiskFullError(disk_full(path, checkpoint)) from None
             raise
@@ -142,7 +127,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 def keep_previous(path: Path) -> None:
     """Before ``path`` (a ``last.ckpt``) is replaced, the file it holds stays as ``last.previous.ckpt``: a resume
-    falls back to it when the newest does not read (:class:`~app.checkpoint.manager.Checkpoints`). A hard link: no
+    falls back to it when the newest does not read (:class:`~app.checkpoint.Checkpoints`). A hard link: no
     copy, no time; the disk holds one more checkpoint once the new one has replaced the old. Its SHA-256 goes with
     it."""
     previous = previous_of(path)
@@ -179,17 +164,6 @@ def _no_space(err: BaseException | None) -> bool:
     return False
 
 
-def tensor_bytes(obj: Any) -> int:
-    """The bytes of every tensor in a checkpoint (nested dicts, lists, tuples): nearly all of its size on disk."""
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, dict):
-        return sum(tensor_bytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(tensor_bytes(v) for v in obj)
-    return 0
-
-
 def disk_full(path: Path, checkpoint: dict) -> str:
     """The one line for a save of ``checkpoint`` to ``path`` that found its disk full (the partial file removed)."""
     free = shutil.disk_usage(path.parent).free
@@ -207,29 +181,4 @@ def disk_full(path: Path, checkpoint: dict) -> str:
         f"{megabytes(tensor_bytes(checkpoint))} and {megabytes(free)} are free in {path.parent}; {previous}. "
         "Fix: free space on that disk, or set --trainer.default_root_dir to a folder on a disk with room for a few "
         "checkpoints, then resume with `--ckpt_path last`."
-    )
-
-
-def checkpoint_estimate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> int:
-    """The bytes of a checkpoint of ``model`` trained with ``optimizer``, before any exists: the weights and
-    buffers, plus the optimizer's state per weight (Adam-like optimizers keep two tensors, the others at most one)."""
-    weights = sum(t.numel() * t.element_size() for t in model.parameters())
-    slots = 2 if optimizer is not None and "adam" in type(optimizer).__name__.lower() else 1
-    return weights * (1 + slots) + sum(t.numel() * t.element_size() for t in model.buffers())
-
-
-def low_disk_space(folder: PATH, estimate: int, room_for: int = 3) -> str | None:
-    """A warning when ``folder`` (or its nearest existing parent) has room for fewer than ``room_for`` checkpoints
-    of ``estimate`` bytes (the atomic save needs a second copy next to the one it replaces), else None."""
-    where = Path(folder).resolve()
-    while not where.exists():
-        where = where.parent
-    free = shutil.disk_usage(where).free
-    if free >= room_for * estimate:
-        return None
-    return (
-        f"warning: preflight: {where} has {megabytes(free)} free, room for {free / estimate:.1f} checkpoints of "
-        f"about {megabytes(estimate)} (estimated from the model and the optimizer); a save that finds the disk full "
-        f"stops the run. Fix: free space there, or set --trainer.default_root_dir to a disk with room for "
-        f"{room_for} or more."
     )

@@ -6,42 +6,22 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import shutil
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 from lightning.pytorch.utilities import rank_zero_info
 
 from app.checkpoint.files import checksum_path, megabytes, recorded_checksum, write_checksum
-from core.env import Launch, detect
-
-
-def local_root(launch: Launch | None = None) -> Path | None:
-    """The node's own storage for checkpoint copies: ``$SLURM_TMPDIR``, ``$TMPDIR`` (per-job folders on many
-    clusters), else ``/dev/shm`` (memory); None when none exists."""
-    for where in (*(launch or detect()).node_storage, "/dev/shm"):
-        if Path(where).is_dir() and os.access(where, os.W_OK):
-            return Path(where)
-    return None
+from app.checkpoint.names import local_folder, local_root
+from core.env import Launch
+from core.files import replaced_atomically
 
 
 def restarts_in_place(launch: Launch) -> bool:
     """Whether the launcher restarts this job's processes on the same node (torchrun ``--max-restarts``, and so torch's
     elastic agent that ``--launch.max_restarts`` starts, which sets torchrun's variables): the local copy's default."""
     return launch.launcher == "torchrun" and launch.max_restarts > 0
-
-
-def local_folder(folder: Path, root: Path | None = None) -> Path | None:
-    """The node-local folder that mirrors the checkpoint folder ``folder`` (one per run folder, by its real path)
-    under ``root`` (default: :func:`local_root`)."""
-    root = root if root is not None else local_root()
-    if root is None:
-        return None
-    key = hashlib.sha1(os.path.realpath(folder).encode()).hexdigest()[:16]
-    return root / f"dptrain-checkpoints-{os.getuid()}" / key
 
 
 class LocalCopies:
@@ -67,17 +47,8 @@ class LocalCopies:
             held = local.stat().st_size if local.is_file() else 0  # replaced by this copy
             if 4 * path.stat().st_size > shutil.disk_usage(folder).free + held:
                 raise OSError(errno.ENOSPC, f"{megabytes(path.stat().st_size)} is over a quarter of the free space")
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=folder)
-            os.close(fd)
-            try:
+            with replaced_atomically(local, durable=False, before_replace=lambda: _forget_checksum(local)) as tmp:
                 shutil.copyfile(path, tmp)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(checksum_path(local))  # never a new checksum beside the old file, nor the reverse
-                os.replace(tmp, local)
-            except BaseException:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-                raise
             write_checksum(local, digest)
         except OSError as err:
             with contextlib.suppress(OSError):
@@ -91,23 +62,15 @@ class LocalCopies:
                 )
 
 
-def readable_copy(path: Path, intact: Callable[[Path], bool]) -> Path:
-    """``path``, or its node-local copy when that holds the same bytes (the same recorded SHA-256, and ``intact``: its
-    own bytes match it, :meth:`app.checkpoint.reading.Reader.intact`, which hashes a file once): a restart on this
-    node reads its own storage instead of the shared filesystem."""
-    folder = local_folder(path.parent)
-    local = folder / path.name if folder is not None else None
-    if local is None or not local.is_file() or local == path:
-        return path
-    recorded = recorded_checksum(path)
-    if recorded is None or recorded_checksum(local) != recorded or not intact(local):
-        return path
-    return local
-
-
 def remove_local_copies(folder: Path) -> None:
     """Removes the node-local copies of checkpoint folder ``folder`` (a fit that ended: nothing restarts from them;
     on ``/dev/shm`` they hold the node's memory)."""
     local = local_folder(folder)
     if local is not None and local.is_dir():
         shutil.rmtree(local, ignore_errors=True)
+
+
+def _forget_checksum(local: Path) -> None:
+    """Before a copy replaces ``local``: never a new checksum beside the old file, nor the reverse."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(checksum_path(local))

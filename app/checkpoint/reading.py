@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import pickle
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import torch
 
 from app.checkpoint.files import checksum_path, file_checksum, recorded_checksum
 from app.checkpoint.identity import RunIdentity
-from app.checkpoint.local_copy import readable_copy
+from app.checkpoint.names import local_folder
 from app.lightning_private import PATH
 from core.errors import UserError
 
@@ -65,6 +66,20 @@ def load_on_cpu(path: PATH, weights_only: bool = True) -> dict:
         return torch.load(path, map_location="cpu", weights_only=weights_only)
 
 
+def readable_copy(path: Path, intact: Callable[[Path], bool]) -> Path:
+    """``path``, or its node-local copy when that holds the same bytes (the same recorded SHA-256, and ``intact``: its
+    own bytes match it, :meth:`Reader.intact`, which hashes a file once): a restart on this
+    node reads its own storage instead of the shared filesystem."""
+    folder = local_folder(path.parent)
+    local = folder / path.name if folder is not None else None
+    if local is None or not local.is_file() or local == path:
+        return path
+    recorded = recorded_checksum(path)
+    if recorded is None or recorded_checksum(local) != recorded or not intact(local):
+        return path
+    return local
+
+
 @dataclass(frozen=True)
 class Read:
     """What reading one checkpoint file found.
@@ -97,7 +112,7 @@ class Read:
 class Reader:
     """Reads and verifies each checkpoint file at most once while it is unchanged (its path, size and modification
     time); every reader of a run's checkpoints in this process asks one of these (the run's
-    :class:`~app.checkpoint.manager.Checkpoints` holds it).
+    :class:`~app.checkpoint.Checkpoints` holds it).
 
     Args:
         trust: load with full unpickling (``--trust_checkpoint true``), else ``weights_only=True``.

@@ -13,8 +13,7 @@ from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_info
 
-from app.checkpoint import Checkpoints, Resume
-from app.checkpoint.local_copy import local_root, restarts_in_place
+from app.checkpoint import Checkpoints, Resume, local_root, restarts_in_place
 from app.launch import choices
 from app.launch.checks import config_problems, launch_problems, machine_problems
 from app.launch.plan import Plan, device_count
@@ -44,7 +43,7 @@ def build(
     startup_timeout: float | None = None,
 ) -> Plan:
     """The plan for a parsed subcommand config (LightningCLI's ``config[subcommand]``); ``resume``: what the run
-    resumes from (:meth:`app.checkpoint.Checkpoints.decide`'s decision, made here for a fit when not given);
+    resumes from (the CLI's :meth:`app.checkpoint.Checkpoints.prepare`; decided here for a fit when not given);
     ``max_restarts``: ``--launch.max_restarts`` of a ``fit``."""
     launch = launch or detect()
     trainer = config.trainer
@@ -84,22 +83,33 @@ def build(
     plan.choices = choices.lines(config, accelerator, root, startup_timeout if watched else None, plan.strategy)
     plan.choices += choices.recipe_lines(config, plan.batch()[1])
     if plan.checkpoint_minutes:
-        plan.checkpoint_background = get(config, "checkpoint", "background") is not False
-        local = get(config, "checkpoint", "local_copy")
-        in_place = plan.by_agent or restarts_in_place(launch)
-        where = local_root(launch) if (in_place if local is None else local) else None
-        plan.local_copy = str(where) if where is not None else None
-    if max_restarts and not plan.by_agent and (why := ignored_restarts(plan)):
+        _saves(plan, config, launch)
+    if max_restarts:
+        _restart_notes(plan, max_restarts, launch)
+    plan.problems += launch_problems(plan) + config_problems(config)
+    return plan
+
+
+def _saves(plan: Plan, config: Any, launch: Launch) -> None:
+    """How the periodic saves are written: in the background, and copied to the node's own storage."""
+    plan.checkpoint_background = get(config, "checkpoint", "background") is not False
+    local = get(config, "checkpoint", "local_copy")
+    in_place = plan.by_agent or restarts_in_place(launch)
+    where = local_root(launch) if (in_place if local is None else local) else None
+    plan.local_copy = str(where) if where is not None else None
+
+
+def _restart_notes(plan: Plan, max_restarts: int, launch: Launch) -> None:
+    """What ``--launch.max_restarts`` does under this launcher, or why it is ignored."""
+    if not plan.by_agent and (why := ignored_restarts(plan)):
         plan.notes.append(f"--launch.max_restarts {max_restarts} ignored: {why}.")
-    if max_restarts and launch.launcher == "slurm":
+    if launch.launcher == "slurm":
         by = "the batch script" if launch.requeue_by_script else "the app (scontrol requeue)"
         plan.notes.append(
             f"--launch.max_restarts {max_restarts}: a fault requeues the job, done by {by}, while fewer than "
             f"{max_restarts} requeues were made ({launch.restart_count} so far); the requeued job resumes from its "
             "newest checkpoint. Your sbatch script needs --requeue (and --open-mode=append to keep each attempt's log)."
         )
-    plan.problems += launch_problems(plan) + config_problems(config)
-    return plan
 
 
 def ignored_restarts(plan: Plan) -> str | None:

@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.checkpoint.local_copy import local_folder
+from app.checkpoint import local_folder
 from tests.conftest import ROOT, short_fit
 from tests.distributed.test_faults import HEARTBEAT, beats
 from tests.troubleshooting import assert_documented

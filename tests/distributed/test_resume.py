@@ -89,11 +89,10 @@ def written(checkpoint: Path, timeout: float = 60) -> None:
     """Until ``checkpoint`` and its SHA-256 are on disk and agree. Rank 0 writes the epoch's checkpoint in the
     background and, on the crash, finishes it before its process goes on; the other ranks did not wait for it (a crash
     is no point where ranks meet), so in this one-process-per-rank harness they wait for the file itself."""
-    from app.checkpoint.files import recorded_checksum
-    from app.checkpoint.reading import Reader
+    from app.checkpoint import Checkpoints, recorded_checksum
 
     deadline = time.monotonic() + timeout
-    while not (checkpoint.is_file() and recorded_checksum(checkpoint) and Reader().intact(checkpoint)):
+    while not (checkpoint.is_file() and recorded_checksum(checkpoint) and Checkpoints().reader.intact(checkpoint)):
         assert time.monotonic() < deadline, f"{checkpoint} not written within {timeout:g} s"
         time.sleep(0.1)
 

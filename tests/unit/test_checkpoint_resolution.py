@@ -11,8 +11,7 @@ import pytest
 import torch
 from jsonargparse import Namespace
 
-from app.checkpoint import CheckpointError, Checkpoints, From, RunIdentity
-from app.checkpoint.manager import LAST, hpc_checkpoints, resumable_checkpoints
+from app.checkpoint import LAST, CheckpointError, Checkpoints, From, RunIdentity, hpc_checkpoints, resumable_checkpoints
 from core.env import Launch
 from core.errors import DOCS_URL, error_line
 
@@ -276,9 +275,7 @@ def test_a_restart_and_a_requeue_resume_from_the_checkpoint_dirpath(tmp_path):
 
 def test_a_checkpoint_gone_since_it_was_listed_is_passed_over_not_a_traceback(tmp_path):
     """Another rank moved the file aside between the listing and the read: it does not read, with the reason."""
-    from app.checkpoint.reading import Reader
-
-    read = Reader().read(tmp_path / "version_0" / "checkpoints" / "last.ckpt")
+    read = Checkpoints().read(tmp_path / "version_0" / "checkpoints" / "last.ckpt")
     assert read.state is None and read.problem.startswith("FileNotFoundError: "), read
 
 

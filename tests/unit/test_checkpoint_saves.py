@@ -9,14 +9,12 @@ import threading
 import pytest
 import torch
 
-from app.checkpoint import AtomicCheckpointIO, BackgroundSaves
-from app.checkpoint.local_copy import local_folder, readable_copy
-from app.checkpoint.reading import Reader
+from app.checkpoint import AtomicCheckpointIO, BackgroundSaves, Checkpoints, local_folder, readable_copy
 
 
 def checksum_problem(path) -> str | None:
     """What a new start's reader finds wrong with ``path``'s bytes (None: they match their SHA-256)."""
-    return Reader().read(path).problem
+    return Checkpoints().read(path).problem
 
 
 def flip_a_byte(path) -> None:
@@ -128,13 +126,13 @@ def test_a_restart_on_the_node_reads_the_local_copy_only_while_it_holds_the_same
     io.save_checkpoint({"step": 1, "w": torch.ones(1000)}, shared)
     local = local_folder(shared.parent) / "last.ckpt"
     assert local.parent.parent == tmp_path / "node" / f"dptrain-checkpoints-{__import__('os').getuid()}"
-    assert local.read_bytes() == shared.read_bytes() and readable_copy(shared, Reader().intact) == local
+    assert local.read_bytes() == shared.read_bytes() and readable_copy(shared, Checkpoints().reader.intact) == local
     assert io.load_checkpoint(shared)["step"] == 1
 
     flip_a_byte(local)  # the node's copy damaged: the shared file is read
-    assert readable_copy(shared, Reader().intact) == shared
+    assert readable_copy(shared, Checkpoints().reader.intact) == shared
     io.save_checkpoint({"step": 2, "w": torch.ones(1000)}, shared)  # a new save replaces both
-    assert readable_copy(shared, Reader().intact) == local
+    assert readable_copy(shared, Checkpoints().reader.intact) == local
     io.local_copy = False
     io.save_checkpoint({"step": 3, "w": torch.ones(1000)}, shared)  # the local copy is now older than the shared
-    assert readable_copy(shared, Reader().intact) == shared and io.load_checkpoint(shared)["step"] == 3
+    assert readable_copy(shared, Checkpoints().reader.intact) == shared and io.load_checkpoint(shared)["step"] == 3

@@ -3,16 +3,16 @@ class that wrote it is called; a start reads each checkpoint once, however many 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 import app.command
 from app.checkpoint import Checkpoints, From, RunIdentity
-from app.checkpoint import reading as checkpoint_reading
-from app.checkpoint.identity import KEY
 from app.command import main
 from app.loggers import TrackingConfigCallback
 from core.env import detect
@@ -40,7 +40,7 @@ def test_a_renamed_identity_callback_still_resumes_its_run(first_run, mnist_dir,
     last = first_run / "version_0" / "checkpoints" / "last.ckpt"
     saved = torch.load(last, weights_only=True)
     assert set(RunIdentity.of(saved).as_dict()) == {"tensorboard_version", "config"}
-    assert saved[KEY]["tensorboard_version"] == "version_0"
+    assert saved[RunIdentity.KEY]["tensorboard_version"] == "version_0"
     assert not [k for k in saved["callbacks"] if "Recorder" in k or "TrackingConfig" in k]  # no class name is a key
 
     caplog.set_level(logging.INFO, logger="lightning.pytorch")
@@ -70,7 +70,7 @@ def test_a_resumed_start_reads_and_verifies_its_checkpoint_once(first_run, mnist
     about ``last.ckpt``: it is loaded once and its SHA-256 checked once."""
     last = first_run / "version_0" / "checkpoints" / "last.ckpt"
     loads, checks = [], []
-    real_load, real_checksum = torch.load, checkpoint_reading.file_checksum
+    real_load = torch.load
 
     def load(f, *args, **kwargs):
         loads.append(str(f))
@@ -78,10 +78,10 @@ def test_a_resumed_start_reads_and_verifies_its_checkpoint_once(first_run, mnist
 
     def checksum(path):
         checks.append(str(path))
-        return real_checksum(path)
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
     monkeypatch.setattr(torch, "load", load)
-    monkeypatch.setattr(checkpoint_reading, "file_checksum", checksum)
+    monkeypatch.setattr("app.checkpoint.reading.file_checksum", checksum)  # where the reader hashes a file
     monkeypatch.setattr(sys, "argv", ["cli.py"])
     cli = main(["validate", *short_fit(first_run, mnist_dir, 2, 1), *NO_SCHEDULE, "--ckpt_path", "last"])
     assert cli.trainer.ckpt_path == str(last) and "val/acc1" in cli.trainer.callback_metrics

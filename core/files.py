@@ -34,6 +34,7 @@ def replaced_atomically(
     durable: bool = True,
     before_replace: Callable[[], None] | None = None,
     suffix: str = ".partial",
+    private: bool = False,
 ) -> Iterator[Path]:
     """Yields a temporary path beside ``target`` (hidden: ``.<name>.<random><suffix>``) to write whole; when the block
     ends without an exception it replaces ``target`` in one rename, else it is removed.
@@ -43,6 +44,7 @@ def replaced_atomically(
         durable: fsync the file before the rename (its bytes are on disk once the name points at them).
         before_replace: called between the write and the rename (a checkpoint keeps the file it replaces).
         suffix: the temporary file's (a process killed while writing leaves it: its owner knows the name).
+        private: keep mkstemp's 0600 (a copy in a node's shared scratch space, which other users of the node see).
     """
     target = Path(target)
     fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix, dir=target.parent)
@@ -51,7 +53,8 @@ def replaced_atomically(
         # mkstemp creates the file 0600; open() would honour the umask, so do the same: on a shared project folder
         # the team reads these files like the run's others.
         try:
-            os.fchmod(fd, 0o666 & ~umask())
+            if not private:
+                os.fchmod(fd, 0o666 & ~umask())
         finally:
             os.close(fd)
         yield tmp

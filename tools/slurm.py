@@ -15,6 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from app.checkpoint import Checkpoints
 from app.command import CLI
 from app.command import main as cli_main
 from app.launch.preflight import build
@@ -28,6 +29,14 @@ def resolve_config(cli_args: list[str]):
 
     class ParseOnlyCLI(CLI):
         # LightningCLI parses in its constructor and then instantiates and runs; only the parse is wanted here
+        def _parse_ckpt_path(self) -> None:
+            # a given file is checked and its hyperparameters applied, as the job will; what the job resumes from
+            # (last, hpc, a requeue) is decided by the job on its node, never at submit time (nothing moved aside)
+            subcommand = self.config.get("subcommand")
+            resume = Checkpoints.prepare(self._subcommand_config(), subcommand, None)
+            if resume.hparams:
+                self.config = self.parser.parse_object({subcommand: {"model": resume.hparams}}, self.config)
+
         def before_instantiate_classes(self) -> None:
             pass
 

@@ -47,7 +47,8 @@ class LocalCopies:
             held = local.stat().st_size if local.is_file() else 0  # replaced by this copy
             if 4 * path.stat().st_size > shutil.disk_usage(folder).free + held:
                 raise OSError(errno.ENOSPC, f"{megabytes(path.stat().st_size)} is over a quarter of the free space")
-            with replaced_atomically(local, durable=False, before_replace=lambda: _forget_checksum(local)) as tmp:
+            forget = lambda: _forget_checksum(local)  # noqa: E731
+            with replaced_atomically(local, durable=False, before_replace=forget, private=True) as tmp:
                 shutil.copyfile(path, tmp)
             write_checksum(local, digest)
         except OSError as err:

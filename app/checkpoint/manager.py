@@ -53,7 +53,7 @@ class Checkpoints(ResumeSearch):
         return cls(config.trainer.get("default_root_dir"), dirpath, bool(config.get("trust_checkpoint")))
 
     @classmethod
-    def prepare(cls, config: Any, subcommand: str | None, launch: Launch) -> Resume:
+    def prepare(cls, config: Any, subcommand: str | None, launch: Launch | None) -> Resume:
         """The whole resume decision for a parsed subcommand config, before anything is built: ``--ckpt_path FILE``
         read and checked (missing, truncated, unsafe, another ``model.arch``: one :class:`CheckpointError` each),
         what the run resumes from (:meth:`apply`), the state it loads (read once) and the hyperparameters of the
@@ -62,6 +62,9 @@ class Checkpoints(ResumeSearch):
 
         Lightning's own ``--ckpt_path`` handling loads the file with a traceback for a missing, truncated or unsafe
         file, and silently replaces a configured ``model.arch`` by the checkpoint's.
+
+        ``launch`` None (``tools.slurm submit``, which only parses): the given file is read and checked, and nothing
+        is decided: what a job resumes from is the job's to decide on its node, and the plan asks ``decide``.
         """
         checkpoints = cls.of(config)
         path = config.get("ckpt_path")
@@ -69,6 +72,8 @@ class Checkpoints(ResumeSearch):
         if subcommand and path and path not in NAMED and "://" not in str(path):
             given = checkpoints.reader.given(path)
             check_arch(given, path, config.model.get("arch"))
+        if launch is None:
+            return Resume(None, "decided by the job", hparams=saved_hparams(given) if given is not None else {})
         resume = checkpoints.apply(config, subcommand, launch)
         resume.reader, resume.subcommand = checkpoints.reader, subcommand
         resume.hparams = saved_hparams(given) if given is not None else {}

@@ -30,6 +30,11 @@ from torchvision.transforms import v2
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 MEAN_LEVELS = tuple(round(255 * m) for m in MEAN)  # the erasing value of a uint8 image
+# the mixing's options with a range: name -> (whether a value is outside it, what the option takes)
+MIXING_RANGES = {
+    "mixup_alpha": (lambda a: a < 0, "a Beta distribution's alpha, 0 (off) or more (0.2 in the modern recipe)"),
+    "cutmix_alpha": (lambda a: a < 0, "a Beta distribution's alpha, 0 (off) or more (1.0 in the modern recipe)"),
+}
 
 
 def trivial_augment() -> v2.TrivialAugmentWide:
@@ -155,6 +160,51 @@ class BatchMixer:
         if len(parts) == 1:
             return parts[0]
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
+def range_problems(ranges: dict[str, tuple[Any, str]], init_args: Any) -> list[str]:
+    """One line for each option of ``ranges`` whose value in ``init_args`` is out of its range, saying what it takes."""
+    return [
+        f"data.{name}={init_args[name]} is out of range: {what}."
+        for name, (wrong, what) in ranges.items()
+        if init_args.get(name) is not None and wrong(init_args[name])
+    ]
+
+
+def mixing_lines(init_args: Any) -> list[str]:
+    """The plan's line for the mixing, when it is on."""
+    mixup, cutmix = init_args.get("mixup_alpha") or 0.0, init_args.get("cutmix_alpha") or 0.0
+    return [mixing_line(mixup, cutmix)] if mixup or cutmix else []
+
+
+def recipe_lines(init_args: Any, decoder: str | None = None) -> list[str]:
+    """The plan's lines for the options beyond the classic recipe, each only when it is on (``decoder``: where the
+    per-image augmentations are applied; None: no line for them)."""
+    lines = []
+    named = [n for n, on in (("TrivialAugmentWide", init_args.get("trivial_augment")),
+                             (f"random erasing {init_args.get('random_erasing')}", init_args.get("random_erasing")))
+             if on]  # fmt: skip
+    if named and decoder is not None:
+        where = "applied on the device after decoding, image by image (data.decode gpu)" if decoder == "gpu" else (
+            "applied there")  # fmt: skip
+        lines.append(f"augment      {', '.join(named)} per image: drawn in the loader workers (per sample), {where}")
+    lines += mixing_lines(init_args)
+    repeats = init_args.get("repeated_augmentation") or 1
+    if repeats > 1:
+        lines.append(
+            f"sampler      repeated augmentation x{repeats}: each epoch loads 1/{repeats} of the images {repeats} "
+            "times, each copy augmented on its own, the copies on consecutive ranks; its position is saved in "
+            "checkpoints (data.repeated_augmentation)"
+        )
+    crop, resize = init_args.get("eval_image_size"), init_args.get("eval_resize_size")
+    if crop or resize:
+        size = init_args.get("image_size", 224)
+        crop = crop or size
+        lines.append(
+            f"evaluate     resize {resize or round(crop / 0.875)}, centre crop {crop}; training crops {size} "
+            "(data.eval_image_size, data.eval_resize_size)"
+        )
+    return lines
 
 
 def mixing_line(mixup_alpha: float, cutmix_alpha: float) -> str:

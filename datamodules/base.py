@@ -10,13 +10,21 @@ Exact evaluation: Lightning's injected ``DistributedSampler`` pads the validatio
 rank gets the same number of images, which biases accuracy (pytorch/pytorch#25162). For validation, test and predict
 loaders the DataModule uses Lightning's ``UnrepeatedDistributedSampler`` itself (Lightning then leaves it alone), so
 every image is evaluated exactly once and the metric sums are exact.
+
+The device stage (the part of timm's ``PrefetchLoader`` that runs on the device, for any data set): the batch-transfer
+hooks decode a batch of encoded images on the device (:mod:`datamodules.gpu_decode`, when the loader hands over
+bytes), normalise uint8 images there (``normalize_on_device``: the workers hand over 4x fewer bytes) and mix training
+batches (``mixup_alpha``, ``cutmix_alpha``: :class:`~datamodules.augment.BatchMixer`). A DataModule turns each on by
+its options; none needs hooks of its own.
 """
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import sys
+import warnings
 from typing import Any, Literal
 
 import torch
@@ -26,7 +34,11 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 
 from core.batch import BatchPlan, resolve_batch
+from core.device import Auto, describe, flag
 from core.env import Launch, detect
+from core.layout import layout_of
+from datamodules.augment import MEAN, MIXING_RANGES, STD, BatchMixer, mixing_lines, range_problems
+from datamodules.gpu_decode import BatchDecoder, EncodedBatch, input_dtype
 from datamodules.resident import ResidentTensors, quiet_the_worker_hint, whole_batch
 from datamodules.resumable import ResumableLoader, ResumableSampler, SeededDataset, ignore_sigint
 
@@ -107,12 +119,27 @@ def workers_warning(num_workers: int, processes_per_node: int, cpus: int | None 
     )
 
 
+@functools.cache
+def _mean_std(
+    device: torch.device, mean: tuple[float, ...] = MEAN, std: tuple[float, ...] = STD
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # made once per device: building them from Python numbers is a blocking host-to-device copy on a GPU
+    return torch.tensor(mean, device=device).view(-1, 1, 1) * 255, torch.tensor(std, device=device).view(-1, 1, 1) * 255
+
+
+def normalize(images: torch.Tensor, mean: tuple[float, ...] = MEAN, std: tuple[float, ...] = STD) -> torch.Tensor:
+    """uint8 images [N, C, H, W] (or [C, H, W]) with values 0..255 -> float32 normalised by the per-channel ``mean``
+    and ``std`` of values 0..1 (ImageNet's by default)."""
+    mean_levels, std_levels = _mean_std(images.device, mean, std)
+    return (images.float() - mean_levels) / std_levels
+
+
 class ImageDataModule(LightningDataModule):
     """Base of the app's DataModules (each meets :class:`core.datamodule.ImageData`): per-device batch semantics,
     ``global_batch_size``, exact evaluation.
 
     Subclasses build their datasets in ``setup()`` (calling ``super().setup(stage)`` first) and their loaders with
-    :meth:`_loader`.
+    :meth:`_loader`; the device stage (the batch-transfer hooks) is theirs by the options below.
 
     Args:
         batch_size: images per device and step (under ``dp``: per process, split across its GPUs).
@@ -120,9 +147,24 @@ class ImageDataModule(LightningDataModule):
             from it in ``setup()`` and ``batch_size`` is ignored.
         num_workers: DataLoader worker processes per training process, or ``"auto"``: the node's CPUs divided by
             its training processes, less one each (:func:`auto_workers`), resolved in ``setup()`` and logged.
+        normalize_on_device: the data set hands over uint8 images and the device stage normalises them by
+            :attr:`mean` and :attr:`std` after the transfer (``auto``: on CUDA only); a uint8 batch is normalised
+            there whatever this says.
+        mixup_alpha: MixUp of each training batch with Beta(alpha, alpha) on the device (0: none); with
+            ``cutmix_alpha`` too, one of the two per batch, at even odds. Each device's share of the batch is mixed
+            within itself (:class:`~datamodules.augment.BatchMixer`); the labels become probabilities.
+        cutmix_alpha: CutMix of each training batch with Beta(alpha, alpha) (0: none).
     """
 
-    def __init__(self, batch_size: int, global_batch_size: int | None = None, num_workers: Workers = 0) -> None:
+    def __init__(
+        self,
+        batch_size: int,
+        global_batch_size: int | None = None,
+        num_workers: Workers = 0,
+        normalize_on_device: bool | Auto = False,
+        mixup_alpha: float = 0.0,
+        cutmix_alpha: float = 0.0,
+    ) -> None:
         super().__init__()
         if batch_size <= 0:
             raise ValueError(f"data.batch_size must be a positive number of images per device, got {batch_size}")
@@ -138,6 +180,13 @@ class ImageDataModule(LightningDataModule):
         self.requested_num_workers = num_workers
         self.num_workers = num_workers  # an int once setup() has resolved "auto"
         self.batch_plan: BatchPlan | None = None
+        # the device stage: normalize_on_device as resolved in setup() (auto: on CUDA), the mixing, the GPU decoder
+        self.requested_normalize_on_device = normalize_on_device
+        self.normalizes_on_device = False
+        self.mixup_alpha, self.cutmix_alpha = mixup_alpha, cutmix_alpha
+        self.mixer: BatchMixer | None = None  # made with the training loader (it needs the run's seed)
+        self._batch_decoder: BatchDecoder | None = None  # made on the first encoded batch, on this rank's device
+        self.skipped: list[str] = []  # unreadable images left out of their batches
 
     # core.datamodule.ImageData's defaults; a subclass sets num_classes and in_channels, and overrides what differs
     input_shape: tuple[int, ...] | None = None
@@ -147,16 +196,27 @@ class ImageDataModule(LightningDataModule):
     # the ranks' shards: what is drawn per device (the batch mixing) is drawn per shard, as each rank drew it
     replay_shards: int | None = None
     train_seed = 0  # the training sampler's seed (the run's), known once the training loader exists
+    mean, std = MEAN, STD  # per channel, of values 0..1: what normalising on the device subtracts and divides by
+    skip_unreadable = False  # the device stage's GPU decoder leaves unreadable images out instead of stopping
 
     @classmethod
     def config_problems(cls, init_args: Any) -> list[str]:
-        """This class's checks of its ``data.init_args`` before it is built (the preflight asks); none here."""
-        return []
+        """This class's checks of its ``data.init_args`` before it is built (the preflight asks): here the mixing's
+        alphas (none negative)."""
+        return range_problems(MIXING_RANGES, init_args)
 
     @classmethod
     def plan_lines(cls, init_args: Any, cuda: bool) -> list[str]:
-        """What the preflight plan says of this data before it is built (``cuda``: the run is on CUDA); none here."""
-        return []
+        """What the preflight plan says of this data before it is built (``cuda``: the run is on CUDA): here the
+        device stage's normalising and mixing, each when it is on."""
+        given = init_args.get("normalize_on_device", False)
+        return ([cls.normalise_line(given, cuda)] if flag(given, cuda) else []) + mixing_lines(init_args)
+
+    @staticmethod
+    def normalise_line(given: bool | Auto, cuda: bool) -> str:
+        """The plan's line for where the images are normalised (``data.normalize_on_device``)."""
+        where = "on the device" if flag(given, cuda) else "in the loader workers"
+        return f"normalise    {describe('data.normalize_on_device', given, where, cuda)}"
 
     @property
     def global_batch_size(self) -> int | None:
@@ -164,6 +224,7 @@ class ImageDataModule(LightningDataModule):
         return self.batch_plan.global_batch if self.batch_plan else None
 
     def setup(self, stage: str | None = None) -> None:
+        self.normalizes_on_device = flag(self.requested_normalize_on_device, self._device().type == "cuda")
         trainer = self.trainer
         # this node's training processes: LOCAL_WORLD_SIZE (torchrun), SLURM's tasks per node, or trainer.devices
         # (Lightning's own launcher), which the preflight checked agree; 1 under dp
@@ -215,13 +276,13 @@ class ImageDataModule(LightningDataModule):
     def batch_shards(self) -> tuple[int, int]:
         """Where this process's training batch lies in the step's global batch, in device shards: (first, count).
         ``ddp``: shard ``rank`` of one; a strategy that splits a process's batch over its devices (``dp``) says into
-        how many (``batch_splits``); :attr:`replay_shards`: all of them."""
+        how many (its layout's ``batch_splits``); :attr:`replay_shards`: all of them."""
         if self.replay_shards:
             return 0, self.replay_shards
         trainer = self.trainer
         if trainer is None:
             return 0, 1
-        splits = int(getattr(trainer.strategy, "batch_splits", 1))
+        splits = layout_of(trainer.strategy).batch_splits(trainer.strategy.root_device.type)
         return trainer.global_rank * splits, splits
 
     def _loader(self, dataset: Dataset, train: bool, **kwargs: Any) -> DataLoader:
@@ -257,4 +318,70 @@ class ImageDataModule(LightningDataModule):
         self.train_seed = sampler.seed
         if self.random_transforms or self.repeats > 1:
             dataset = SeededDataset(dataset, sampler.seed, self.repeats)
-        return ResumableLoader(dataset, sampler, progress=self._batches_done, **common)
+        loader = ResumableLoader(dataset, sampler, progress=self._batches_done, **common)
+        if self.mixup_alpha or self.cutmix_alpha:
+            self.mixer = BatchMixer(self.num_classes, self.mixup_alpha, self.cutmix_alpha, self.train_seed)
+        return loader
+
+    # ------------------------------------------------------------------------------------------------ the device stage
+    def _device(self) -> torch.device:
+        if self.trainer is not None:
+            return self.trainer.strategy.root_device
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    def _input_dtype(self) -> torch.dtype:
+        return input_dtype(str(self.trainer.precision) if self.trainer is not None else "32-true")
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        if not isinstance(batch, EncodedBatch):
+            return batch
+        if self._batch_decoder is None:  # made on first use, on this rank's device
+            self._batch_decoder = BatchDecoder(self._device(), skip_unreadable=self.skip_unreadable)
+        images, labels = self._batch_decoder(batch, self._input_dtype())
+        return (images, labels, batch.skipped) if batch.skipped else (images, labels)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        if isinstance(batch, torch.Tensor):  # the model summary's example input: float images, no labels
+            return batch
+        images, labels, *rest = batch
+        if rest:
+            self._note_skipped(rest[0])
+        if images.dtype == torch.uint8:
+            # Lightning casts a batch to the precision's input dtype before this hook, when it is still uint8: the
+            # normalised images are made in it here, as the GPU decoder makes them (bf16 for bf16-mixed: every input
+            # path hands the step the same dtype, so a compiled step has one graph)
+            images = normalize(images, self.mean, self.std).to(self._input_dtype())
+        if self.mixer is not None and self.trainer is not None and self.trainer.training:
+            # the batch's position: the epoch and this batch's index in it (the training loop counts it ready after
+            # this hook), restored with the loop on a resume
+            epoch, batch_index = (
+                self.trainer.current_epoch,
+                self.trainer.fit_loop.epoch_loop.batch_progress.current.ready,
+            )
+            images, labels = self.mixer(images, labels, epoch, batch_index, *self.batch_shards())
+        return images, labels
+
+    def _note_skipped(self, paths: list[str]) -> None:
+        if paths and not self.skipped:
+            warnings.warn(f"skipping unreadable image {paths[0]} (--data.skip_unreadable true)", stacklevel=2)
+        self.skipped.extend(paths)
+
+    def teardown(self, stage: str) -> None:
+        decoded = self._batch_decoder
+        rank = self.trainer.global_rank if self.trainer is not None else 0
+        if decoded is not None:
+            self.skipped += decoded.skipped
+            if decoded.fallbacks:
+                warnings.warn(
+                    f"rank {rank}: {len(decoded.fallbacks)} image(s) nvImageCodec could not decode were decoded on the "
+                    f"CPU instead, e.g. {decoded.fallbacks[0]}",
+                    stacklevel=2,
+                )
+            decoded.skipped, decoded.fallbacks = [], []
+        if self.skipped:
+            stage = getattr(stage, "value", stage)  # the Trainer passes its TrainerFn enum
+            warnings.warn(
+                f"rank {rank}: skipped {len(self.skipped)} unreadable image(s) during {stage}, e.g. {self.skipped[0]}",
+                stacklevel=2,
+            )
+            self.skipped = []

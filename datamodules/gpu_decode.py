@@ -52,7 +52,7 @@ from datamodules.augment import (
     trivial_augment,
     trivial_augment_draw,
 )
-from datamodules.decode import EXIF_ORIENTATION, UnreadableImageError, _Skipped, decode
+from datamodules.decode import EXIF_ORIENTATION, UnreadableImageError, decode
 
 # one image's geometry as the workers draw it (:func:`draw`): the region to decode in the (oriented) image, the flip,
 # whether the region is decoded alone (1) or cut from the whole image (0: an EXIF orientation the decoder applies
@@ -184,7 +184,7 @@ class EncodedBatch:
     offsets, geometries (:func:`draw`) and labels, their file names (for messages) and the unreadable ones skipped.
 
     A plain class, neither tuple nor dataclass: Lightning's collection helpers leave it as it is (they would copy a
-    dataclass field by field) until :meth:`ImageNetDataModule.on_before_batch_transfer` decodes it."""
+    dataclass field by field) until the device stage (:meth:`ImageDataModule.on_before_batch_transfer`) decodes it."""
 
     __slots__ = ("data", "offsets", "geometry", "labels", "names", "skipped")
 
@@ -205,17 +205,6 @@ class EncodedBatch:
 
     def image(self, index: int) -> np.ndarray:
         return self.data[self.offsets[index] : self.offsets[index + 1]].numpy()
-
-
-def collate_encoded(batch: list) -> EncodedBatch:
-    """The workers' collate for ``--data.decode gpu``: samples are ``(bytes, geometry, label, name)`` or skip marks."""
-    kept = [b for b in batch if not isinstance(b, _Skipped)]
-    skipped = [b.path for b in batch if isinstance(b, _Skipped)]
-    if not kept:
-        raise UnreadableImageError(
-            f"all {len(batch)} images of a batch are unreadable (e.g. {skipped[0]}): the data set looks broken."
-        )
-    return EncodedBatch(kept, skipped)
 
 
 # ------------------------------------------------------------------------------------------------ the training process

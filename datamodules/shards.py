@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import functools
 import hashlib
 import io
 import json
@@ -54,12 +55,13 @@ from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_datas
 from core.env import slurm_task
 from core.errors import UsageError, UserError, report
 from datamodules.base import available_cpus
-from datamodules.decode import Decoder, UnreadableImageError, _Skipped, decode, decode_for
-from datamodules.gpu_decode import draw
+from datamodules.decode import Decoder, _Skipped, decode
+from datamodules.sources import SKIP_HINT, SampleDecoder
 
 FORMAT, VERSION = "dptrain-shards", 1
 MANIFEST, PLAN = "manifest.json", "plan.json"
 SPLITS = ("train", "val")
+SHARDS_FIX = f"Convert the shards again, or {SKIP_HINT}."
 # index.npy columns
 SHARD, OFFSET, SIZE, LABEL, SOURCE = range(5)
 
@@ -416,8 +418,8 @@ class ShardDataset(Dataset):
         self.classes: list[str] = manifest["classes"]
         self.files = [self.root / split / s["file"] for s in manifest["splits"][split]["shards"]]
         self.index = np.load(self.root / split / "index.npy")
-        self.split, self.transform, self.decoder, self.min_side = split, transform, decoder, min_side
-        self.skip_unreadable = skip_unreadable
+        self.split = split
+        self.sample = SampleDecoder(transform, decoder, min_side, skip_unreadable, fix=SHARDS_FIX)
         self.files_opened = 0
         self._fds: dict[int, int] = {}
         self._pid = os.getpid()
@@ -450,19 +452,11 @@ class ShardDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[Any, ...] | _Skipped:
         shard, offset, size, label, _ = (int(v) for v in self.index[index])
         data = os.pread(self._fd(shard), size, offset)
-        try:
-            if self.decoder == "gpu":  # the bytes and the crop's draws: the training process decodes the batch
-                return data, draw(data, self.transform), label, f"{self.files[shard].name}@{offset}"
-            image, transform = decode_for(data, self.transform, self.decoder, self.min_side)
-        except (OSError, ValueError, SyntaxError) as err:
-            where = f"{self.files[shard]} at byte {offset} ({self.key(index)})"
-            if self.skip_unreadable:
-                return _Skipped(where)
-            raise UnreadableImageError(
-                f"cannot read image {where}: {type(err).__name__}: {err}. Convert the shards again, or pass "
-                "--data.skip_unreadable true to skip unreadable images."
-            ) from err
-        return transform(image), label
+        where = functools.partial(self._where, shard, offset, index)
+        return self.sample(lambda: data, label, f"{self.files[shard].name}@{offset}", where)
+
+    def _where(self, shard: int, offset: int, index: int) -> str:
+        return f"{self.files[shard]} at byte {offset} ({self.key(index)})"
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_fds": {}}  # descriptors do not travel to spawned workers

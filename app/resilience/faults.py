@@ -31,8 +31,9 @@ from typing import Any
 import torch.distributed as dist
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
-from core.env import detect, main_address, node_name
+from core.env import detect, node_name
 from core.errors import UserError
+from core.network import main_address
 
 
 class Fault(UserError):

@@ -9,7 +9,8 @@ from __future__ import annotations
 import lightning.pytorch as pl
 import torch
 
-from datamodules.imagenet import STD, ImageNetDataModule
+from datamodules.augment import STD
+from datamodules.imagenet import ImageNetDataModule
 from tests.conftest import run_if
 from tests.unit.test_gpu_decode import SIZE, with_bad_files  # noqa: F401  (the photos with a GIF, a PNG, a cut JPEG)
 from tests.unit.test_imagenet import photos  # noqa: F401  (the real-photo ImageFolder fixture)

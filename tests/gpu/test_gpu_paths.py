@@ -15,7 +15,7 @@ from app.callbacks import Throughput
 from app.callbacks.rng import _local_rng_state, _set_local_rng_state
 from app.strategies import DDPModelParallelStrategy
 from datamodules import ImageNetDataModule, MNISTDataModule
-from datamodules.imagenet import normalize
+from datamodules.base import normalize
 from modules import ImageClassifier
 from tests.conftest import run_cli, run_if, short_fit
 

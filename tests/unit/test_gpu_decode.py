@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from datamodules.augment import STD
+from datamodules.decode import UnreadableImageError
 from datamodules.gpu_decode import (
     AUGMENT_OP,
     CHUNK,
@@ -28,7 +30,7 @@ from datamodules.gpu_decode import (
     chunks,
     resize_batch,
 )
-from datamodules.imagenet import STD, ImageNetDataModule, UnreadableImageError
+from datamodules.imagenet import ImageNetDataModule
 from tests.conftest import ROOT
 from tests.unit.test_imagenet import photos  # noqa: F401  (the real-photo ImageFolder fixture)
 

@@ -15,7 +15,7 @@ from app.launch.preflight import build, machine_problems
 from app.strategies.ddp_mp import DDPModelParallelStrategy, balance, split_units
 from core.env import detect
 from datamodules import MNISTDataModule
-from datamodules.imagenet import _mean_std, normalize
+from datamodules.base import _mean_std, normalize
 from modules import ImageClassifier, zoo
 from tests.conftest import ROOT, fast_trainer, run_cli
 from tools.parity import jobs

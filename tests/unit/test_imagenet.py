@@ -11,15 +11,10 @@ import pytest
 import torch
 
 from core.batch import resolve_batch
-from datamodules.base import workers_warning
-from datamodules.imagenet import (
-    MEAN,
-    STD,
-    ImageNetDataError,
-    ImageNetDataModule,
-    UnreadableImageError,
-    normalize,
-)
+from datamodules.augment import MEAN, STD
+from datamodules.base import normalize, workers_warning
+from datamodules.decode import UnreadableImageError
+from datamodules.imagenet import ImageNetDataError, ImageNetDataModule
 from modules import ImageClassifier
 from tools.photos import build_photo_imagenet
 

@@ -9,12 +9,14 @@ import pytest
 import torch
 import torchvision
 
+from app.command import main
 from core.env import detect
 from datamodules import MNISTDataModule
 from datamodules import mnist as mnist_module
 from datamodules.base import auto_workers, available_cpus, node_cpus
 from datamodules.mnist import FILES, MNISTDataError, ensure_mnist, find_file, load_split
-from tests.conftest import fast_trainer
+from modules import ImageClassifier
+from tests.conftest import fast_trainer, short_fit
 
 
 def test_real_mnist_splits(mnist_dir):
@@ -135,3 +137,48 @@ def test_auto_workers_are_resolved_at_setup_and_used_by_the_loaders(mnist_dir, t
     assert f"data.num_workers auto: {expected} loader worker(s) per process ({available_cpus()} CPUs" in caplog.text
     with pytest.raises(ValueError, match="0 .*, more, or auto; got 'many'"):
         MNISTDataModule(num_workers="many")
+
+
+def _fit_seeing(tmp_path, mnist_dir, monkeypatch, *flags: str) -> tuple[object, list]:
+    """A 3-step ``cli.py fit`` of MNIST with ``flags``, and the (images, labels) of each step as the model got them."""
+    seen = []
+    step = ImageClassifier.training_step
+
+    def recording(self, batch, batch_idx):
+        seen.append(tuple(t.detach().clone() for t in batch))
+        return step(self, batch, batch_idx)
+
+    args = [*short_fit(tmp_path / "-".join(flags or ("plain",)), mnist_dir, 3, 1, batch_size=32), *flags]
+    with monkeypatch.context() as patch:  # this fit's steps only
+        patch.setattr(ImageClassifier, "training_step", recording)
+        cli = main(["fit", *args, "--trainer.max_steps", "3", "--trainer.logger", "false"])
+    assert cli.trainer.global_step == 3 and len(seen) == 3
+    return cli, seen
+
+
+@pytest.mark.slow  # real cli.py fits of a few seconds each
+def test_normalize_on_device_keeps_mnist_uint8_and_hands_the_model_the_same_normalised_floats(
+    mnist_dir, tmp_path, monkeypatch
+):
+    plain_cli, plain = _fit_seeing(tmp_path, mnist_dir, monkeypatch)
+    cli, seen = _fit_seeing(tmp_path, mnist_dir, monkeypatch, "--data.normalize_on_device", "true")
+    assert cli.datamodule.train_set.tensors[0].dtype == torch.uint8  # held, loaded and copied as bytes
+    assert plain_cli.datamodule.train_set.tensors[0].dtype == torch.float32
+    for (images, labels), (float_images, float_labels) in zip(seen, plain, strict=True):
+        assert images.dtype == torch.float32 and images.shape == (32, 1, 28, 28)
+        assert torch.equal(labels, float_labels)  # the same samples in the same order
+        assert (images - float_images).abs().max().item() < 1e-5  # normalised on the device: the same values
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flag, alpha", [("mixup_alpha", "0.2"), ("cutmix_alpha", "1.0")])
+def test_mixup_and_cutmix_flags_train_mnist_on_mixed_images_and_probabilities(
+    mnist_dir, tmp_path, monkeypatch, flag, alpha
+):
+    cli, seen = _fit_seeing(tmp_path, mnist_dir, monkeypatch, f"--data.{flag}", alpha)
+    for images, labels in seen:
+        assert images.shape == (32, 1, 28, 28) and labels.shape == (32, 10) and labels.is_floating_point()
+        assert torch.allclose(labels.sum(1), torch.ones(32))  # probabilities, summing to 1
+        # each image mixed with its neighbour's (MixUp and CutMix roll the batch): two classes wherever they differ
+        assert (labels.max(1).values < 1).float().mean() > 0.5
+    assert torch.isfinite(cli.trainer.callback_metrics["train/loss"])

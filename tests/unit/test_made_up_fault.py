@@ -51,6 +51,7 @@ def test_it_is_detected_and_named_in_one_line_with_its_link(made_up, capsys):
 
 @pytest.mark.slow
 @pytest.mark.distributed
+@pytest.mark.xdist_group("timing")  # as the heal tests: its start-up allowance is wall-clock
 def test_it_heals_under_the_launcher_with_restarts(made_up, mnist_dir, tmp_path):
     """``--launch.max_restarts 1``: the fault mid-epoch 1 of the first attempt ends every rank; the agent restarts the
     group, which resumes the newest ``last.ckpt`` and finishes."""

@@ -31,15 +31,10 @@ from lightning.pytorch.utilities import rank_zero_info
 import app.strategies  # noqa: F401  (registers the strategy names before the parser reads them)
 from app.callbacks import DEFAULTS, EMA, SaveSchedule, StopAtAccuracy
 from app.callbacks.debug_checks import DEBUG_HANG_TIMEOUT, DebugChecks, apply_debug, capture_rank_logs
-from app.callbacks.hang_watch import apply_flight_recorder, effective_timeout, startup_allowance
-from app.callbacks.hang_watch import install as install_hang_watch
-from app.callbacks.lost_rank import watch_the_start_up
 from app.checkpoint import Checkpoints, Resume
-from app.faults import Fault, loader_worker_died
 from app.launch.elastic import run_by_agent
 from app.launch.preflight import preflight
-from app.launch.rendezvous import HeldPort, apply_timeout, join_this_attempt, rendezvous_errors_explained
-from app.launch.requeue import Requeue
+from app.launch.rendezvous import HeldPort, apply_timeout, join_this_attempt
 from app.loggers import (
     TrackingConfigCallback,
     continue_run_of,
@@ -50,10 +45,15 @@ from app.loggers import (
     write_to_run_dir,
 )
 from app.quiet import silence_known_noise
+from app.resilience.faults import Fault, faults_named, named
+from app.resilience.hang_watch import apply_flight_recorder, effective_timeout, startup_allowance
+from app.resilience.hang_watch import install as install_hang_watch
+from app.resilience.lost_rank import watch_the_start_up
+from app.resilience.requeue import Requeue
 from app.sync_batchnorm import with_sync_batchnorm
 from app.trainer import Trainer
 from core.env import Launch, detect, export_unset, seconds_since_process_start, split_local_rank
-from core.errors import UsageError, UserError, explain_parser_error, parser_options, report
+from core.errors import UsageError, explain_parser_error, parser_options, report
 from modules import ImageClassifier
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -214,7 +214,7 @@ class CLI(LightningCLI):
             )
 
     def _run_subcommand(self, subcommand: str) -> None:
-        with rendezvous_errors_explained(self.plan):  # a rendezvous timeout names the ranks the plan expected
+        with faults_named(self.plan):  # a rendezvous timeout, named with the ranks the plan expected
             join_this_attempt(self.trainer.strategy, self.plan.launch)  # not the addresses of a previous attempt
             super()._run_subcommand(subcommand)
 
@@ -402,18 +402,19 @@ def accept_local_rank(args: list[str]) -> list[str]:
 def user_errors_explained(requeue: Requeue | None = None) -> Iterator[None]:
     """The one error channel: a user mistake or a fault (any :class:`~core.errors.UserError`) ends the process with
     its line on stderr (``error: <cause and fix> Help: <its section>``, :func:`core.errors.report`), exit status 1
-    (2: does not parse); after a fault (:class:`app.faults.Fault`), a SLURM job with requeues left goes back in the
-    queue (``requeue``).
+    (2: does not parse); after a fault (:class:`app.resilience.faults.Fault`), a SLURM job with requeues left goes
+    back in the queue (``requeue``).
 
     Every rank runs the same checks (preflight, the DataModule's ``setup``) and stops with the same errors (a full
     disk, a failed debug check), so each says its own line; a rank that still waits for one that left is told so by
-    ``app.callbacks.LostRank``. A DataLoader worker that died, reported by torch as a ``RuntimeError``, is such a
-    fault too (:func:`app.faults.loader_worker_died`); any other exception is a bug and keeps its traceback.
+    ``app.callbacks.LostRank``. An exception that a fault's translator names (a DataLoader worker that died, reported
+    by torch as a ``RuntimeError``: :func:`app.resilience.faults.named`) is such a fault too; any other exception is a
+    bug and keeps its traceback.
     """
     try:
         yield
-    except (UserError, RuntimeError, EOFError, ConnectionError) as raised:
-        err = raised if isinstance(raised, UserError) else loader_worker_died(raised)
+    except Exception as raised:
+        err = named(raised)
         if err is None:
             raise
         report(err)

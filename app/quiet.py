@@ -19,7 +19,7 @@ def _not_a_tip(record: logging.LogRecord) -> bool:
 
 def _not_lightnings_zombie_line(record: logging.LogRecord) -> bool:
     # Lightning's child observer announces that it SIGKILLs every rank; the app replaces that with its own line and
-    # exit (app.callbacks.lost_rank.watch_the_start_up), so the announcement would be wrong
+    # exit (app.resilience.lost_rank.watch_the_start_up), so the announcement would be wrong
     return "Forcefully terminating all other processes to avoid zombies" not in str(record.msg)
 
 

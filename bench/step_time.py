@@ -199,7 +199,7 @@ def _default_callbacks(mode: str) -> list:
     if mode != CALLBACKS:
         return []
     from app.callbacks import AMPHealth, LostRank, RNGState, SIGTERMCheckpoint, SLURMRequeue, Stragglers, Throughput
-    from app.callbacks.hang_watch import HangWatch
+    from app.resilience.hang_watch import HangWatch
 
     every_step = [AMPHealth(), Throughput(), SLURMRequeue(), RNGState(), SIGTERMCheckpoint(), LostRank()]
     return [*every_step, Stragglers(), HangWatch()]  # HangWatch: what the CLI adds to every multi-process run

@@ -35,7 +35,7 @@ SIGNALS = [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2]
 def _global_state_restored():
     """In-process ``main()`` changes process-wide state; each test gets back what it started with: the environment
     variables, the signal handlers, every logger's level (Lightning and tools lower them) and torch's default dtype.
-    (The step agreement of ``app.callbacks.agree`` is the Trainer's, so a test's Trainer takes it along.)
+    (The step agreement of ``app.resilience.agree`` is the Trainer's, so a test's Trainer takes it along.)
     """
     environ = dict(os.environ)  # Lightning's launcher and process-group set-up export MASTER_*, NODE_RANK, LOCAL_RANK
     handlers = {s: signal.getsignal(s) for s in SIGNALS}

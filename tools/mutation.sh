@@ -13,7 +13,7 @@ declare -A FUNCTIONS=(
     [amp]="app.callbacks.amp.xǁAMPHealthǁon_train_batch_end__mutmut_* app.callbacks.amp.xǁAMPHealthǁ_check__mutmut_*"
     [classifier]="modules.classifier.xǁImageClassifierǁ_log_train_step__mutmut_* modules.classifier.xǁImageClassifierǁon_train_epoch_end__mutmut_*"
     [allreduce]="app.strategies.allreduce.xǁAllReduceStrategyǁconfigure_ddp__mutmut_* app.strategies.allreduce.xǁAllReduceStrategyǁ_make_buckets__mutmut_* app.strategies.allreduce.xǁAllReduceStrategyǁ_on_grad_ready__mutmut_* app.strategies.allreduce.xǁAllReduceStrategyǁ_launch__mutmut_* app.strategies.allreduce.xǁAllReduceStrategyǁaverage_gradients__mutmut_* app.strategies.allreduce.xǁAllReduceStrategyǁsync_buffers__mutmut_*"
-    [agree]="app.callbacks.agree.xǁAgreementǁstart__mutmut_* app.callbacks.agree.xǁAgreementǁany_rank__mutmut_* app.callbacks.agree.xǁAgreementǁwait__mutmut_*"
+    [agree]="app.resilience.agree.xǁAgreementǁstart__mutmut_* app.resilience.agree.xǁAgreementǁany_rank__mutmut_* app.resilience.agree.xǁAgreementǁwait__mutmut_*"
 )
 scopes=${MUTATION_SCOPE:-checkpoint}
 names=()

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Submits N (default 20) one-task jobs to the throwaway SLURM cluster (tools/slurm_cluster.sh) whose task does what a
-# faulted step does under `--launch.max_restarts 1`: app.launch.requeue's after_fault (scontrol requeue of its own job),
+# faulted step does under `--launch.max_restarts 1`: app.resilience.requeue's after_fault (scontrol requeue of its own job),
 # then waits to be ended. Counts the jobs whose first attempt's log lacks the "SLURM: requeue 1 of 1" line: scontrol's
 # requeue ends the step (SIGTERM) at once, so a line said after it returned can be lost.
 # Usage: eval "$(bash tools/slurm_cluster.sh env)"; bash tools/requeue_soak.sh [N]   (about 12 s a job). Logs: $SOAK_DIR.
@@ -10,7 +10,7 @@ n=${1:-20}
 dir=${SOAK_DIR:-$(mktemp -d /tmp/requeue-soak.XXXX)}
 mkdir -p "$dir"
 python=${PYTHON:-$PWD/.venv/bin/python}
-task="import os, time; from pathlib import Path; from app.launch.requeue import Requeue; from core.env import detect
+task="import os, time; from pathlib import Path; from app.resilience.requeue import Requeue; from core.env import detect
 r = Requeue(); r.arm(1, Path('$dir/run_' + os.environ['SLURM_JOB_ID']), detect()); r.after_fault()
 time.sleep(60)"
 bad=0

@@ -100,7 +100,7 @@ class Job:
             f"# --launch.max_restarts {k}: a failed step requeues the job (scontrol requeue) while fewer than {k} "
             "requeues were made;",
             "# the requeued attempt resumes from its newest checkpoint. srun's lines name the node of a failed task.",
-            "export DPTRAIN_REQUEUE_BY=script  # this script requeues; the app (app.launch.requeue) leaves it to it",
+            "export DPTRAIN_REQUEUE_BY=script  # this script requeues; app.resilience.requeue leaves it to it",
             "status=0",
             f"srun --kill-on-bad-exit=1 {srun} || status=$?",
             'restarts=$(scontrol show job "$SLURM_JOB_ID" | grep -o "Restarts=[0-9]*" | cut -d= -f2 || true)',

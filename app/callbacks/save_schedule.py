@@ -15,9 +15,9 @@ from lightning.pytorch import callbacks
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
-from app.callbacks import agree
 from app.checkpoint import AtomicCheckpointIO, BackgroundSaves, atomic_io, remove_local_copies, restarts_in_place
 from app.lightning_private import should_accumulate
+from app.resilience import agree
 from core.env import detect
 
 INTERVAL = "interval_save"  # the agreement's flag: rank 0's interval has elapsed
@@ -45,7 +45,7 @@ class SaveSchedule(callbacks.ModelCheckpoint):
     the last save of this run, so a fault (a dead or hung rank, a requeue) loses at most that much training, not an
     epoch. Lightning's own ``train_time_interval`` switches the end-of-epoch saves of the best checkpoint off and
     broadcasts rank 0's clock before every step; here rank 0's "time is up" rides the asynchronous per-step agreement
-    of :mod:`app.callbacks.agree` (no collective of its own), so every rank saves at the end of the same optimizer
+    of :mod:`app.resilience.agree` (no collective of its own), so every rank saves at the end of the same optimizer
     step. Each save keeps the file it replaces as ``last.previous.ckpt`` (:class:`app.checkpoint.AtomicCheckpointIO`).
 
     ``background`` (default on): the saves during training are written by a thread

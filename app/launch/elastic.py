@@ -27,7 +27,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from app.launch.plan import Plan
-from app.launch.requeue import RestartsUsedUp
+from app.resilience.requeue import RestartsUsedUp
 
 MONITOR_INTERVAL_S = 0.5  # how often the agent looks at its workers (torchrun: 0.1 s; a dead rank is seen in time)
 

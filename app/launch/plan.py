@@ -55,7 +55,7 @@ class Plan:
     root_dir: str
     resume: Resume | None  # what the run resumes from (None: not decided, a fresh start)
     timeout: float | None
-    hang_timeout: float | None = None  # the hang watch's (``app.callbacks.hang_watch``); 0: off
+    hang_timeout: float | None = None  # the hang watch's (``app.resilience.hang_watch``); 0: off
     startup_timeout: float | None = None  # its allowance while the job starts (set-up, sanity check, first step)
     accumulate: int = 1
     lr_reference_batch_size: int | None = None

@@ -1,26 +1,16 @@
-"""The ranks meeting each other: how long they wait, and what a rendezvous timeout means for this run's plan."""
+"""The ranks meeting each other: the port, how long they wait, each attempt's namespace (a rendezvous timeout is a
+fault: :class:`app.resilience.faults.RendezvousTimeout`)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import re
 import socket
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
-from app.faults import Fault
 from app.launch.plan import Plan
 from app.lightning_private import init_dist_connection, process_group_backend, set_strategy_timeout, strategy_timeout
-from core.env import Launch, detect
-from core.network import main_address
-
-
-class RendezvousTimeout(Fault):
-    """The ranks did not all meet: which ranks of the plan are missing, and what to check."""
-
-    help = "rendezvous-timeout"
+from core.env import Launch
 
 
 class HeldPort:
@@ -106,40 +96,3 @@ def apply_timeout(strategy: Any, seconds: float | None) -> None:
     """
     if seconds is not None:
         set_strategy_timeout(strategy, timedelta(seconds=seconds))
-
-
-@contextlib.contextmanager
-def rendezvous_errors_explained(plan: Plan | None) -> Iterator[None]:
-    """Turns c10d's rendezvous timeouts into a message that says which ranks of ``plan`` are missing and what to
-    check; other errors, and any error without a plan, pass unchanged."""
-    try:
-        yield
-    except Exception as err:
-        import torch.distributed as dist
-
-        if not isinstance(err, getattr(dist, "DistError", ())) or "imed out" not in str(err) or plan is None:
-            raise
-        raise RendezvousTimeout(_explain(err, plan)) from None
-
-
-def _explain(err: Exception, plan: Plan) -> str:
-    launch = plan.launch
-    world = launch.world_size if launch.launcher != "none" else plan.world_size
-    rank = launch.rank if launch.launcher != "none" else launch.node_rank * (plan.devices or 1)
-    now = detect()  # Lightning fills in MASTER_ADDR/PORT when the launcher did not
-    address = f"{now.master_addr or main_address(launch)}:{now.master_port or launch.master_port or '?'}"
-    torch_says = str(err).strip().splitlines()[0][:300]
-    joined = re.search(r"(\d+)/(\d+) clients joined", torch_says)
-    if rank == 0:
-        count = f"only {joined.group(1)} of {joined.group(2)}" if joined else f"not all {world}"
-        missing = f"rank 0 waited at {address} for the {world} ranks of the job; {count} arrived"
-    else:
-        missing = f"rank {rank} never reached rank 0 at {address}: rank 0 did not start, or is unreachable"
-    layout = "\n".join(line for line in plan.render().splitlines() if line.startswith("    node"))
-    wait = f"{plan.timeout:g} s (--launch.timeout)" if plan.timeout is not None else "the strategy's timeout"
-    return (
-        f"the ranks did not all meet within {wait}: {missing} (torch: {torch_says}).\n"
-        f"Expected layout:\n{layout}\n"
-        "Check that every node started its processes (`squeue`/`sacct`, or the torchrun/python command on each "
-        "node), that all use the same MASTER_ADDR/MASTER_PORT, and that the port is reachable from every node."
-    )

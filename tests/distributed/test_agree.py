@@ -1,4 +1,4 @@
-"""The per-step agreement (``app.callbacks.agree``) on 2 real gloo processes of a real Trainer (``ddp_spawn``).
+"""The per-step agreement (``app.resilience.agree``) on 2 real gloo processes of a real Trainer (``ddp_spawn``).
 
 A flag raised on rank 1 alone when a batch starts is seen by both ranks when that batch ends, and only then: the
 flag of a signal already acted on is not seen again one step later (what requeued the SLURM job twice). Two watchers
@@ -20,7 +20,7 @@ import torch
 from lightning.pytorch import Callback, Trainer, seed_everything
 from torch.utils.data import DataLoader, TensorDataset
 
-from app.callbacks import agree
+from app.resilience import agree
 from datamodules.mnist import load_split
 from modules import ImageClassifier
 

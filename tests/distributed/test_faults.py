@@ -29,7 +29,7 @@ import pytest
 import torch
 from lightning.pytorch import Callback
 
-from app.callbacks.sigterm import EXIT_CODE
+from app.resilience.sigterm import EXIT_CODE
 from core.env import node_name
 from tests.conftest import ROOT, short_fit
 from tests.troubleshooting import assert_documented

@@ -1,4 +1,4 @@
-"""A rank that stays alive but stops making progress (``app.callbacks.hang_watch``), on real 2-process gloo jobs.
+"""A rank that stays alive but stops making progress (``app.resilience.hang_watch``), on real 2-process gloo jobs.
 
 Three stuck ranks, as users meet them: asleep in Python (Lightning's launcher), waiting in a collective the other
 rank never enters (torchrun), SIGSTOPped (Lightning's launcher). Each time rank 0 prints one diagnosis naming rank 1

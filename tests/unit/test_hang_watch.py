@@ -13,8 +13,8 @@ import torch
 from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch.strategies import DDPStrategy
 
-from app.callbacks.hang_watch import apply_flight_recorder, effective_timeout, where
 from app.launch.preflight import build
+from app.resilience.hang_watch import apply_flight_recorder, effective_timeout, where
 from tools.slurm import resolve_config
 
 pytestmark = pytest.mark.xdist_group("timing")  # its pass depends on wall-clock limits: never beside another such test

@@ -1,12 +1,12 @@
-"""After a fault, a SLURM job under ``--launch.max_restarts K`` requeues itself (``app.launch.requeue``): one rank of
-the attempt acts, and says what happened in one line. The requeue itself, on the throwaway cluster:
+"""After a fault, a SLURM job under ``--launch.max_restarts K`` requeues itself (``app.resilience.requeue``): one rank
+of the attempt acts, and says what happened in one line. The requeue itself, on the throwaway cluster:
 tests/slurm/test_slurm_jobs.py::test_your_own_sbatch_script_with_requeue_is_requeued_by_the_app_after_each_fault."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.launch.requeue import Requeue
+from app.resilience.requeue import Requeue
 from core.env import detect
 
 

@@ -7,8 +7,8 @@ import signal
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
-from app.callbacks import agree
 from app.lightning_private import cluster_environment, should_accumulate, slurm_requeue
+from app.resilience import agree
 
 
 class SLURMRequeue(Callback):
@@ -17,7 +17,7 @@ class SLURMRequeue(Callback):
     Lightning's own handler saves the checkpoint inside the signal handler, wherever each rank happens to be. Under DDP
     one rank then enters the checkpoint's collectives while another waits in backward's all-reduce, and the job hangs
     until the process-group timeout (seen here; Lightning#21406). So this handler only records the signal; after each
-    training batch the ranks agree whether any of them got it (``app.callbacks.agree``: one asynchronous all-reduce
+    training batch the ranks agree whether any of them got it (``app.resilience.agree``: one asynchronous all-reduce
     per step for all such checks, started when the step starts and read when it ends), and then all of them run
     Lightning's own routine together: finalize the loggers, write ``hpc_ckpt_N.ckpt``, and rank 0 calls
     ``scontrol requeue``. The requeued job resumes from that checkpoint as before. Does nothing outside SLURM.

@@ -11,9 +11,9 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from app.callbacks import agree
 from app.checkpoint import last_checkpoint_of
 from app.lightning_private import restore_sigterm_broadcast, should_accumulate, skip_sigterm_broadcast
+from app.resilience import agree
 from core.errors import say
 
 EXIT_CODE = 128 + signal.SIGTERM  # 143: what a shell reports for a process ended by SIGTERM
@@ -34,7 +34,7 @@ class SIGTERMCheckpoint(Callback):
     to be: a rank interrupted in backward's all-reduce and one in the data loader then pair up the wrong collectives
     and the DDP job hangs (the same failure as the in-handler SLURM checkpoint, see :class:`SLURMRequeue`); and it
     saves nothing. This handler only records the signal. After each training batch the ranks agree whether any of them
-    got it (``app.callbacks.agree``: an asynchronous all-reduce started when the step starts and read when it ends,
+    got it (``app.resilience.agree``: an asynchronous all-reduce started when the step starts and read when it ends,
     shared with the other such checks, so a signal to one rank stops all of them at the same step), then all of them
     save the checkpoint
     together and raise Lightning's ``SIGTERMException`` (a ``SystemExit``: loggers are finalized, no traceback).

@@ -11,9 +11,9 @@ import time
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from app.callbacks.hang_watch import hosts_of
-from app.faults import Fault, loader_worker_died
 from app.lightning_private import ChildProcessObserver, child_processes, on_child_death
+from app.resilience.faults import LostRankError, Restarting, loader_worker_died
+from app.resilience.hang_watch import hosts_of
 from core.env import detect, node_name
 from core.errors import UserError, report
 
@@ -32,19 +32,6 @@ def torch_message(exception: BaseException) -> str:
 # own: the callback must stay picklable and deep-copyable, as Lightning expects of callbacks.
 _REPORTING = threading.Lock()
 CHILD_EXIT_S = 2.0  # how long rank 0 waits for a local rank whose connection broke to show its exit status
-
-
-class LostRankError(Fault):
-    """A rank of the job died or stopped answering; raised on the survivors, said in one line."""
-
-    help = "lost-rank"
-
-
-class Restarting(LostRankError):
-    """A rank was lost and torchrun restarts the worker group (a restart is left): said as what happens next."""
-
-    help = None
-    said_as = "torchrun"
 
 
 class LostRank(Callback):
@@ -175,7 +162,7 @@ class LostRank(Callback):
             return [], "every rank answered the roll call, so the failure was in the network between them"
         hosts = sorted(set(hosts_of(missing).values()))  # the node to keep the job off (sbatch --exclude)
         where = f"on {', '.join(hosts)}: " if hosts else ""
-        # with the hang watch on (app.callbacks.hang_watch: its timeouts are inside the collective's), a rank alive but
+        # with the hang watch on (app.resilience.hang_watch: its timeouts are inside the collective's), a rank alive but
         # stuck is named by it before any collective times out; it does not see a rank before that rank's watch
         # started (rank 0 still in its DataModule's setup), nor a run with it off
         return missing, (

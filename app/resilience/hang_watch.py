@@ -46,9 +46,9 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from app.faults import Fault
-from app.launch.requeue import Requeue
 from app.lightning_private import process_group_backend
+from app.resilience.faults import HangError
+from app.resilience.requeue import Requeue
 from core.env import detect, export_unset, node_name
 from core.errors import UserError, report
 
@@ -86,12 +86,6 @@ def flight_recorder_env(folder: Path) -> dict[str, str]:
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(folder / "nccl_trace_rank_"),
     }
-
-
-class HangError(Fault):
-    """The job is stuck: rank 0 names the rank behind and where it is; every rank leaves."""
-
-    help = "hang-watch"
 
 
 class HangWatch(Callback):
@@ -324,16 +318,7 @@ class _Watchdog(threading.Thread):
         self._leave(settle=True)
 
     def _error(self, seen: dict, answers: dict[int, str], silent: set[int], stalled: float, folder: Path) -> HangError:
-        counters = {r: int(fields[1]) for r, (_, _, fields, _) in seen.items()}
-        answering = [r for r in counters if r not in silent]
-        low = min((counters[r] for r in answering), default=0)
-        if silent:  # the others wait for it
-            behind = sorted(silent)
-        elif len({counters[r] for r in answering}) > 1:  # the others started a step it has not reached
-            behind = sorted(r for r in answering if counters[r] == low)
-        else:  # the same count: the ranks waiting in a collective wait for those that are not in one
-            waiting = {r for r in answering if "torch/distributed/" in answers[r]}
-            behind = sorted(set(answering) - waiting) if 0 < len(waiting) < len(answering) else []
+        behind = _behind(seen, answers, silent)
         names = ", ".join(map(str, behind))
         starting = _starting([fields for _, _, fields, _ in seen.values()], self.world)
         allowance = (
@@ -349,37 +334,22 @@ class _Watchdog(threading.Thread):
             f"({allowance})."
         ]
         for r in range(self.world):
-            mark = "  <- behind" if r in behind else ""
-            if r not in seen:
-                lines.append(
-                    f"  rank {r}: never started its hang watch: still in the DataModule's setup (or a callback's setup "
-                    f"before it) when the others had finished theirs{mark}"
-                )
-                continue
-            _, _, fields, _ = seen[r]
-            step, pid, host, inside = int(fields[2]), fields[4], fields[5], fields[6] == "1"
-            last = f"last finished step {step}" + (f", in step {step + 1}" if inside else "")
-            if fields[7] != "training":
-                last = PHASES[fields[7]]
-            if r in silent:
-                lines.append(
-                    f"  rank {r} (host {host}, pid {pid}): does not answer (stopped, swapping, or its node is gone); "
-                    f"when last heard of: {last}{mark}"
-                )
-            else:
-                frames = answers[r].split("\n")
-                lines.append(f"  rank {r} (host {host}, pid {pid}): {last}; now at{mark}")
-                lines += [f"      {f}" for f in frames]
+            lines += _rank_lines(r, seen.get(r), answers.get(r), r in silent, "  <- behind" if r in behind else "")
         lines.append(f"Full stacks of every thread of each answering rank: {folder}/stacks-rank<R>.txt.")
         if dist.get_backend() == "nccl":
             lines.append(
                 f"NCCL flight recorder: {folder}/nccl_trace_rank_<R>; analyse with `torchfrtrace {folder} "
                 "--prefix nccl_trace_rank_` (torch.distributed.flight_recorder)."
             )
+        lines.append(self._what_next(starting))
+        return HangError("\n".join(lines))
+
+    def _what_next(self, starting: bool) -> str:
+        """The last line: every rank exits; a restart follows, or how to resume; which allowance to raise."""
         ckpts = self.state.get("checkpoints")
         launch = detect()  # torchrun --max-restarts (or --launch.max_restarts) with a restart left: it heals itself
         restart = launch.restart_count < launch.max_restarts
-        lines.append(
+        return (
             "Every rank now exits with status 1. "
             + (
                 f"torchrun restarts the worker group (restart {launch.restart_count + 1} of {launch.max_restarts}), "
@@ -394,7 +364,6 @@ class _Watchdog(threading.Thread):
                 else ". If a step legitimately takes longer, raise `--launch.hang_timeout SECONDS` (0: the watch off)."
             )
         )
-        return HangError("\n".join(lines))
 
     # ----- every rank
     def _answer(self, folder: str) -> None:
@@ -476,6 +445,40 @@ def hosts_of(ranks: list[int]) -> dict[int, str]:
         return {r: fields[5] for r, fields in beats.items() if len(fields) > 5}
     except Exception:
         return {}
+
+
+def _behind(seen: dict[int, tuple], answers: dict[int, str], silent: set[int]) -> list[int]:
+    """The ranks the others wait for: those that do not answer; else those with the lowest counter (the others started
+    a step they have not reached); else, at the same count, those not in a collective while the others wait in one."""
+    counters = {r: int(fields[1]) for r, (_, _, fields, _) in seen.items()}
+    answering = [r for r in counters if r not in silent]
+    low = min((counters[r] for r in answering), default=0)
+    if silent:
+        return sorted(silent)
+    if len({counters[r] for r in answering}) > 1:
+        return sorted(r for r in answering if counters[r] == low)
+    waiting = {r for r in answering if "torch/distributed/" in answers[r]}
+    return sorted(set(answering) - waiting) if 0 < len(waiting) < len(answering) else []
+
+
+def _rank_lines(r: int, seen: tuple | None, frames: str | None, silent: bool, mark: str) -> list[str]:
+    """The diagnosis's lines about rank ``r``: where it was when last heard of, and where its main thread is now."""
+    if seen is None:
+        return [
+            f"  rank {r}: never started its hang watch: still in the DataModule's setup (or a callback's setup "
+            f"before it) when the others had finished theirs{mark}"
+        ]
+    _, _, fields, _ = seen
+    step, pid, host, inside = int(fields[2]), fields[4], fields[5], fields[6] == "1"
+    last = f"last finished step {step}" + (f", in step {step + 1}" if inside else "")
+    if fields[7] != "training":
+        last = PHASES[fields[7]]
+    if silent:
+        return [
+            f"  rank {r} (host {host}, pid {pid}): does not answer (stopped, swapping, or its node is gone); "
+            f"when last heard of: {last}{mark}"
+        ]
+    return [f"  rank {r} (host {host}, pid {pid}): {last}; now at{mark}"] + [f"      {f}" for f in frames.split("\n")]
 
 
 def _starting(beats: Any, world: int) -> bool:

@@ -123,21 +123,30 @@ class CLI(LightningCLI):
         return self.config[subcommand] if subcommand else self.config
 
     def _parse_ckpt_path(self) -> None:
-        """The run's one question to its checkpoints, in LightningCLI's hook for ``--ckpt_path``: what it resumes
-        from, checked and read once (:meth:`Checkpoints.prepare`); the hyperparameters of a given file applied as
-        Lightning applies them; then what the configuration takes from the checkpoint.
+        """Nothing here: LightningCLI's version loads ``--ckpt_path`` with a traceback for a missing, truncated or
+        unsafe file and silently replaces a configured ``model.arch`` by the checkpoint's. The run enters its
+        checkpoints once, in :meth:`instantiate_classes`, where each of these is a one-line error."""
 
-        Lightning's version loads the file with a traceback for a missing, truncated or unsafe file, and silently
-        replaces a configured ``model.arch`` by the checkpoint's; each of these is a one-line error here instead.
-        """
+    def instantiate_classes(self) -> None:
+        """The run's one question to its checkpoints, before anything is built: what it resumes from, checked and
+        read once (:meth:`Checkpoints.prepare`), a given file's hyperparameters applied as Lightning applies them;
+        then the run folder, loggers and plan (:meth:`_before_build`), the classes, and the checkpoint's I/O and
+        checks attached to what was built (:meth:`Checkpoints.attach`)."""
         subcommand = self.config.get("subcommand")
         self.launch = detect()
         self.resume = Checkpoints.prepare(self._subcommand_config(), subcommand, self.launch)
         if self.resume.hparams:
             self.config = self.parser.parse_object({subcommand: {"model": self.resume.hparams}}, self.config)
         Checkpoints.configure(self.resume, self._subcommand_config())
+        self._before_build()
+        super().instantiate_classes()
+        self._after_build()
+        config = self._subcommand_config()
+        # the run's configuration as a checkpoint keeps it, for a fit that resumes one
+        saved_as = lambda: redact(resolved_config(self._parser(self.subcommand), config))  # noqa: E731
+        Checkpoints.attach(self.resume, self.trainer, self.model, config, saved_as)
 
-    def before_instantiate_classes(self) -> None:
+    def _before_build(self) -> None:
         config, resume, launch = self._subcommand_config(), self.resume, self.launch
         config.stacks_on = None  # loaded already (default_config_files); the run's saved config.yaml is whole
         write_to_run_dir(config)
@@ -162,8 +171,7 @@ class CLI(LightningCLI):
         if launch.launcher == "slurm":  # --launch.max_restarts: a fault requeues the job (any sbatch script)
             self.requeue.arm(restarts, Path(self.plan.root_dir), launch)
 
-    def instantiate_classes(self) -> None:
-        super().instantiate_classes()
+    def _after_build(self) -> None:
         config = self._subcommand_config()
         apply_timeout(self.trainer.strategy, config.launch.timeout)
         hang, startup = (self.plan.hang_timeout, self.plan.startup_timeout) if self.plan else (None, None)
@@ -180,9 +188,6 @@ class CLI(LightningCLI):
                 "epoch's start, the same metric keys on each logging step; torch's distributed log of each rank in "
                 f"{folder / 'rank<R>.log'}"
             )
-        # the run's configuration as a checkpoint keeps it, for a fit that resumes one
-        saved_as = lambda: redact(resolved_config(self._parser(self.subcommand), config))  # noqa: E731
-        Checkpoints.attach(self.resume, self.trainer, self.model, config, saved_as)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         # sync_batchnorm: the app's LayerSync, which also works on CPU (Lightning's converts to torch's SyncBatchNorm)

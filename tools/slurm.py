@@ -37,9 +37,6 @@ def resolve_config(cli_args: list[str]):
             if resume.hparams:
                 self.config = self.parser.parse_object({subcommand: {"model": resume.hparams}}, self.config)
 
-        def before_instantiate_classes(self) -> None:
-            pass
-
         def instantiate_classes(self) -> None:
             pass
 

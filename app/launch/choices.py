@@ -103,10 +103,10 @@ def recipe_lines(config: Any, global_batch: int | None) -> list[str]:
         out.append(f"             {uses}")
     elif decay is not None:
         out += [f"ema          decay {decay:g} per update, every {every} step(s)", f"             {uses}"]
-    exempt = get(config, "model", "norm_bias_weight_decay")
-    if exempt is not None:
-        given = get(config, "model", "optimizer", "weight_decay", default=0)
-        out.append(
-            f"weight decay {given:g}; {exempt:g} on normalisation layers and biases (model.norm_bias_weight_decay)"
-        )
+    given = get(config, "model", "optimizer", "weight_decay", default=0)
+    groups = {"norm_weight_decay": "normalisation layers", "norm_bias_weight_decay": "normalisation layers and biases"}
+    for key, which in groups.items():
+        exempt = get(config, "model", key)
+        if exempt is not None:
+            out.append(f"weight decay {given:g}; {exempt:g} on {which} (model.{key})")
     return out

@@ -193,3 +193,12 @@ def test_the_average_updates_at_the_epochs_steps_and_copies_the_weights_during_t
     assert ema.effective_decay == torchvision_adjusted(0.99998, 32, 2, 2) == pytest.approx(1 - 2e-5 * 32 * 2 / 2)
     assert torchvision_adjusted(0.99998, 8 * 128, 32, 600) == pytest.approx(0.99890773, abs=1e-8)
     assert torchvision_adjusted(0.99998, 1 * 128, 32, 600) == pytest.approx(0.99986347, abs=1e-8)
+
+
+def test_norm_only_and_norm_and_bias_decay_are_one_choice_and_epoch_warmup_needs_whole_epochs():
+    from core.errors import UserError
+
+    with pytest.raises(UserError, match="give one"):
+        recipe_model(norm_bias_weight_decay=0.0).configure_optimizers()
+    with pytest.raises(UserError, match="whole model.warmup_epochs"):
+        recipe_model(warmup_epochs=2.5).configure_optimizers()

@@ -39,8 +39,9 @@ from typing import Any
 
 from lightning.pytorch.strategies import StrategyRegistry
 
-from app.strategies.layout import declared_modes, layout_of
+from app.strategies.modes import declared_modes
 from bench.common import RESULTS, ROOT, machine, machine_line
+from core.layout import layout_of
 
 CPU = os.environ.get("GPU_CHECK_CPU") == "1"
 CALL_LIMIT_S = 540  # the device runs a command for 600 s at most: 60 s left for its start and the transfers

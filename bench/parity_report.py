@@ -17,7 +17,7 @@ from typing import Any
 
 from lightning.pytorch import Callback
 
-from app.strategies.layout import REFERENCE, declared_modes, parity_modes
+from app.strategies.modes import REFERENCE, declared_modes, parity_modes
 from bench.common import RESULTS, machine, machine_line, write_json
 
 STEPS = 6  # optimizer steps per mode; with 3 batches per epoch the runs cross an epoch boundary
@@ -32,7 +32,7 @@ FP64 = ["--trainer.precision", "64-true"]
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ["--config", str(ROOT / "configs" / "mnist_2epochs.yaml")]
 SGD = ["--model.optimizer", "SGD", "--model.optimizer.lr", "0.05", "--model.optimizer.momentum", "0.9"]
-# the registry's modes, by what their layouts claim (app.strategies.layout): exact vs one device in fp32, close (fp16
+# the registry's modes, by what their layouts claim (core.layout): exact vs one device in fp32, close (fp16
 # on the wire), and the fp16 GradScaler scenario
 EXACT_MODES = parity_modes("exact")
 CLOSE_MODES = parity_modes("close")

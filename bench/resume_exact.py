@@ -10,7 +10,7 @@ The legs are :mod:`tools.resume_legs`, those of ``tests/distributed/test_resume_
 every scenario it tests: one device in this process, the 2-process ones (``tools.resume_legs.scenarios``) in one gloo
 torchrun job. ``issue_*``: the issue's scenario, 12 batches per epoch, stopped after global step 17. ``--app``:
 ``app``, ``datamodules``, ``modules`` and ``configs`` come from that checkout; ``bench`` and ``tools`` (the legs, the
-probe callbacks) from this one; its app must have ``app.strategies.layout.declared_modes``.
+probe callbacks) from this one; its app must have ``app.strategies.modes`` (or, older, ``app.strategies.layout``).
 """
 
 from __future__ import annotations
@@ -37,22 +37,30 @@ SINGLE = {
 }
 
 
-# The modes come from the registry of the app bound by use_app, so ``app`` is imported inside these functions (an
-# ``--app`` checkout must have app.strategies.layout.declared_modes).
+# The modes come from the registry of the app bound by use_app, so ``app`` is imported inside these functions.
+def app_modes() -> tuple:
+    """The bound app's reference mode, ``declared_modes`` and ``layout_of``."""
+    import app.strategies  # noqa: F401  (registers the app's strategy names)
+
+    try:
+        from app.strategies.modes import REFERENCE, declared_modes
+        from core.layout import layout_of
+    except ImportError:  # an --app checkout from before the layout lookup moved to core.layout
+        from app.strategies.layout import REFERENCE, declared_modes, layout_of
+    return REFERENCE, declared_modes, layout_of
+
+
 def one_process_modes() -> dict:
     """Every declared mode that runs one process (``dp``: its CPU path), in this process like the single device."""
-    import app.strategies  # noqa: F401  (registers the app's strategy names)
-    from app.strategies.layout import declared_modes, layout_of
-
+    _, declared_modes, layout_of = app_modes()
     one = [m for m in declared_modes() if layout_of(m).one_process]
     return {f"{m}_w0": (["--trainer.strategy", m], 0, 6, 9, False) for m in one}
 
 
 def issue_ddp() -> dict:
     """The issue's 2-process scenario on the reference mode, 12 batches per epoch, stopped after step 17."""
-    from app.strategies.layout import REFERENCE
-
-    return {f"issue_{REFERENCE}_w2": (["--trainer.strategy", REFERENCE], 2, 12, 17, False)}
+    reference = app_modes()[0]
+    return {f"issue_{reference}_w2": (["--trainer.strategy", reference], 2, 12, 17, False)}
 
 
 def use_app(checkout: str | None) -> None:

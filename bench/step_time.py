@@ -34,9 +34,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from app.strategies.layout import REFERENCE, declared_modes, layout_of
+from app.strategies.modes import REFERENCE, declared_modes
 from bench.common import RESULTS, batch_clock, figure, load_remark, machine_line, progress, run_job, summary
 from bench.common import report as report_results
+from core.layout import layout_of
 
 
 def timed_modes() -> dict[str, tuple[int, tuple[str, ...], str | None]]:

@@ -30,6 +30,7 @@ import time
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 # what torch.distributed.launch passes (torch >= 2.0: --local-rank=K; before: --local_rank=K); also "--local_rank K"
 LOCAL_RANK_FLAG = re.compile(r"--local[-_]rank(?:=(\d+))?$")
@@ -212,49 +213,59 @@ def detect(
         "env": env,
     }
     if "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive"):
-        ntasks = _int(env.get("SLURM_NTASKS"))
-        per_node = _int(env.get("SLURM_NTASKS_PER_NODE"))
-        nodes = _int(env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES"))
-        nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
-        return Launch(
-            launcher="slurm",
-            nodes=nodes,
-            tasks_per_node=per_node,
-            world_size=ntasks,
-            rank=_int(env.get("SLURM_PROCID")) or 0,
-            node_rank=_int(env.get("SLURM_NODEID")) or 0,
-            hosts=tuple(expand_nodelist(nodelist)),
-            ntasks_without_per_node=(ntasks or 1) > 1 and per_node is None,
-            # srun sets SLURM_STEP_ID for the tasks it starts; the batch script itself has none
-            in_batch_step="SLURM_STEP_ID" not in env,
-            job_id=env.get("SLURM_ARRAY_JOB_ID") or env.get("SLURM_JOB_ID"),
-            restart_count=_int(env.get("SLURM_RESTART_COUNT")) or 0,
-            cpus_per_task=_int(env.get("SLURM_CPUS_PER_TASK")),
-            **common,
-        )
+        return _slurm(env, common)
     if "TORCHELASTIC_RUN_ID" in env:
-        world = _int(env.get("WORLD_SIZE"))
-        per_node = _int(env.get("LOCAL_WORLD_SIZE"))
-        nodes = world // per_node if world and per_node else None
-        return Launch(
-            launcher="torchrun",
-            nodes=nodes,
-            tasks_per_node=per_node,
-            world_size=world,
-            rank=_int(env.get("RANK")) or 0,
-            node_rank=_int(env.get("GROUP_RANK")) or 0,
-            hosts=(socket.gethostname(),),
-            legacy_launch=legacy_launch(
-                env, sys.argv if argv is None else argv, parent_command() if parent is None else parent
-            ),
-            job_id=env.get("TORCHELASTIC_RUN_ID"),
-            restart_count=_int(env.get("TORCHELASTIC_RESTART_COUNT")) or 0,
-            max_restarts=_int(env.get("TORCHELASTIC_MAX_RESTARTS")) or 0,
-            node_range=torchrun_node_range() if environ is None else None,
-            **common,
-        )
+        launch = legacy_launch(env, sys.argv if argv is None else argv, parent_command() if parent is None else parent)
+        # the agent's command line is this process's parent only when the environment is this process's own
+        return _torchrun(env, common, launch, torchrun_node_range() if environ is None else None)
     # plain `python cli.py` on each node (Lightning's own launcher): NODE_RANK says which node this is
     return Launch(node_rank=_int(env.get("NODE_RANK")) or 0, hosts=(socket.gethostname(),), **common)
+
+
+def _slurm(env: Mapping[str, str], common: dict[str, Any]) -> Launch:
+    """A SLURM job's layout, from the variables ``srun`` and ``sbatch`` set."""
+    ntasks = _int(env.get("SLURM_NTASKS"))
+    per_node = _int(env.get("SLURM_NTASKS_PER_NODE"))
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
+    return Launch(
+        launcher="slurm",
+        nodes=_int(env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES")),
+        tasks_per_node=per_node,
+        world_size=ntasks,
+        rank=_int(env.get("SLURM_PROCID")) or 0,
+        node_rank=_int(env.get("SLURM_NODEID")) or 0,
+        hosts=tuple(expand_nodelist(nodelist)),
+        ntasks_without_per_node=(ntasks or 1) > 1 and per_node is None,
+        # srun sets SLURM_STEP_ID for the tasks it starts; the batch script itself has none
+        in_batch_step="SLURM_STEP_ID" not in env,
+        job_id=env.get("SLURM_ARRAY_JOB_ID") or env.get("SLURM_JOB_ID"),
+        restart_count=_int(env.get("SLURM_RESTART_COUNT")) or 0,
+        cpus_per_task=_int(env.get("SLURM_CPUS_PER_TASK")),
+        **common,
+    )
+
+
+def _torchrun(
+    env: Mapping[str, str], common: dict[str, Any], legacy: str | None, node_range: tuple[int, int] | None
+) -> Launch:
+    """A torchrun worker's layout, from the variables its agent sets."""
+    world = _int(env.get("WORLD_SIZE"))
+    per_node = _int(env.get("LOCAL_WORLD_SIZE"))
+    return Launch(
+        launcher="torchrun",
+        nodes=world // per_node if world and per_node else None,
+        tasks_per_node=per_node,
+        world_size=world,
+        rank=_int(env.get("RANK")) or 0,
+        node_rank=_int(env.get("GROUP_RANK")) or 0,
+        hosts=(socket.gethostname(),),
+        legacy_launch=legacy,
+        job_id=env.get("TORCHELASTIC_RUN_ID"),
+        restart_count=_int(env.get("TORCHELASTIC_RESTART_COUNT")) or 0,
+        max_restarts=_int(env.get("TORCHELASTIC_MAX_RESTARTS")) or 0,
+        node_range=node_range,
+        **common,
+    )
 
 
 def torchrun_node_range(agent_pid: int | None = None) -> tuple[int, int] | None:
@@ -280,24 +291,6 @@ def torchrun_node_range(agent_pid: int | None = None) -> tuple[int, int] | None:
     except (SystemExit, ValueError, RuntimeError):
         return None
     return (low, high) if low < high else None
-
-
-def main_address(launch: Launch) -> str | None:
-    """The rendezvous host the ranks will connect to: ``MASTER_ADDR``, else (SLURM) the first node of the job."""
-    if launch.master_addr is not None:
-        return launch.master_addr
-    if launch.launcher == "slurm" and launch.hosts:
-        return launch.hosts[0]
-    return None
-
-
-def resolves(host: str) -> bool:
-    """True when ``host`` has an address (the check c10d's rendezvous would otherwise retry forever)."""
-    try:
-        socket.getaddrinfo(host, None)
-    except OSError:
-        return False
-    return True
 
 
 def seconds_since_process_start() -> float | None:

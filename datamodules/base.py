@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from core.batch import BatchPlan, resolve_batch
 from core.env import Launch, detect
+from core.layout import layout_of
 from datamodules.resident import ResidentTensors, quiet_the_worker_hint, whole_batch
 from datamodules.resumable import ResumableLoader, ResumableSampler, SeededDataset, ignore_sigint
 
@@ -215,13 +216,13 @@ class ImageDataModule(LightningDataModule):
     def batch_shards(self) -> tuple[int, int]:
         """Where this process's training batch lies in the step's global batch, in device shards: (first, count).
         ``ddp``: shard ``rank`` of one; a strategy that splits a process's batch over its devices (``dp``) says into
-        how many (``batch_splits``); :attr:`replay_shards`: all of them."""
+        how many (its layout's ``batch_splits``); :attr:`replay_shards`: all of them."""
         if self.replay_shards:
             return 0, self.replay_shards
         trainer = self.trainer
         if trainer is None:
             return 0, 1
-        splits = int(getattr(trainer.strategy, "batch_splits", 1))
+        splits = layout_of(trainer.strategy).batch_splits(trainer.strategy.root_device.type)
         return trainer.global_rank * splits, splits
 
     def _loader(self, dataset: Dataset, train: bool, **kwargs: Any) -> DataLoader:

@@ -22,6 +22,7 @@ from core.batch import BatchPlan, linear_scaled_lr
 from core.device import Auto, flag
 from core.env import compile_cache
 from core.errors import UserError
+from core.layout import layout_of
 from core.logging_steps import is_logging_step
 from modules import zoo
 
@@ -130,7 +131,7 @@ class ImageClassifier(LightningModule):
     def setup(self, stage: str) -> None:
         cuda = self._trainer is not None and self.trainer.strategy.root_device.type == "cuda"
         # dp's replicas cannot run a compiled model (app.strategies.dp): compile auto leaves it to them
-        compiles = getattr(self.trainer.strategy, "runs_compiled_models", True) if self._trainer is not None else True
+        compiles = layout_of(self.trainer.strategy).runs_compiled_models if self._trainer is not None else True
         compile = flag(self.hparams.get("compile", False), cuda and compiles)
         self._apply_gpu_choices(flag(self.hparams.get("channels_last", False), cuda), compile)
         if compile and self._trainer is not None:

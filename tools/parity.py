@@ -2,7 +2,7 @@
 
 Runs the config's model for a few optimizer steps in every mode available here and prints, per mode, the largest
 parameter difference against a single-device run that sees the same global batches. The modes are the registered
-strategies whose layout (``app.strategies.layout``) claims exact parity, unless ``--modes`` names others. They run
+strategies whose layout (``core.layout``) claims exact parity, unless ``--modes`` names others. They run
 together in one ``torchrun`` job (N processes: one per GPU, or 2 gloo processes on CPU; on GPUs a mode whose processes
 need GPUs of their own, ``ddp_mp``, runs in a job of its own, N / devices_per_process processes, and a failed job
 loses only its modes; a one-process mode, ``dp``, runs beside the references on 2+ GPUs); the single-device
@@ -45,9 +45,10 @@ from app import command as app_cli
 from app.callbacks import EMA
 from app.collectives import check_collectives
 from app.launch.group import end_process_group
-from app.strategies.layout import REFERENCE, declared_modes, layout_of, parity_modes
+from app.strategies.modes import REFERENCE, declared_modes, parity_modes
 from app.sync_batchnorm import with_sync_batchnorm
 from core.device import AUTO, auto_precision, on_cuda
+from core.layout import layout_of
 from datamodules.resumable import ResumableSampler, SeededDataset
 from tools.torchrun import run_torchrun_job
 

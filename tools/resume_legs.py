@@ -141,7 +141,8 @@ def scenarios() -> dict[str, tuple[list[str], int]]:
     ``allreduce_fp16``/``bf16`` round on the wire, the same way again after the resume."""
     # imported here, not above: bench.resume_exact --app binds ``app`` to another checkout before it asks
     import app.strategies  # noqa: F401  (registers the app's strategy names)
-    from app.strategies.layout import REFERENCE, declared_modes, layout_of
+    from app.strategies.modes import REFERENCE, declared_modes
+    from core.layout import layout_of
 
     modes = [m for m in declared_modes() if not layout_of(m).one_process]
     return {

@@ -20,8 +20,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.data import extract_batch_size
 from torch import Tensor
 
-from app.strategies.layout import layout_of
 from core.errors import InvalidValue
+from core.layout import layout_of
 from core.logging_steps import is_logging_step
 
 

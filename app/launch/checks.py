@@ -2,7 +2,7 @@
 
 ``LAUNCH_CHECKS`` hold the launcher against the config (any machine: also run when a SLURM job is rendered),
 ``MACHINE_CHECKS`` what this machine cannot do (where the run starts), :func:`config_problems` the names and numbers
-that cannot work anywhere. Each check reads the mode's :class:`~app.strategies.layout.Layout`, never its name.
+that cannot work anywhere. Each check reads the mode's :class:`~core.layout.Layout`, never its name.
 """
 
 from __future__ import annotations
@@ -16,11 +16,13 @@ from typing import Any
 from app.checkpoint import From
 from app.launch.plan import Plan
 from app.strategies.dp import COMPILE_REFUSED
-from app.strategies.layout import declared_modes
+from app.strategies.modes import declared_modes
 from core.batch import uneven_global_batch
 from core.config import get
-from core.env import LAUNCHER_NAMES, main_address, nvidia_driver, resolves
+from core.env import LAUNCHER_NAMES, nvidia_driver
 from core.errors import did_you_mean, with_link
+from core.layout import layout_of
+from core.network import main_address, resolves
 
 FLAG = {"slurm": "--ntasks-per-node", "torchrun": "--nproc_per_node"}
 # The oldest Linux driver of each CUDA major version (NVIDIA's minor version compatibility), and the PyTorch build
@@ -248,33 +250,28 @@ def config_problems(config: Any) -> list[str]:
     devices = trainer.get("devices")
     if isinstance(devices, int) and (devices == 0 or devices < -1):
         problems.append(f"trainer.devices={devices}: give a positive count, a list of indices, or auto.")
-    return problems + class_problems(config.get("data")) + class_problems(trainer.get("strategy"))
+    # the classes' own checks of their arguments, before they are built: an error raised while jsonargparse builds
+    # one would arrive inside its union's long message, with a traceback
+    return problems + data_problems(config) + list(layout_of(strategy).problems)
 
 
-def class_of(entry: Any) -> Any:
-    """The class a ``class_path`` entry of the config names, imported; None without one or for an unknown class (the
-    parser says so)."""
+def data_class(config: Any) -> Any:
+    """The DataModule class ``data.class_path`` names, imported (its ``plan_lines`` go to the plan); None without one
+    or for an unknown class (the parser says so)."""
     import importlib
 
-    module, _, name = str(getattr(entry, "class_path", "") or "").rpartition(".")
+    module, _, name = str(getattr(config.get("data"), "class_path", "") or "").rpartition(".")
     try:
         return getattr(importlib.import_module(module), name) if module else None
     except (ImportError, AttributeError):
         return None
 
 
-def data_class(config: Any) -> Any:
-    """The DataModule class ``data.class_path`` names (its ``plan_lines`` go to the plan)."""
-    return class_of(config.get("data"))
-
-
-def class_problems(entry: Any) -> list[str]:
-    """The class's own checks of its arguments, for a ``class_path`` entry of the config (the DataModule's:
-    ``core.datamodule.ImageData.config_problems``; a strategy's: ``AllReduceStrategy.config_problems``; a class
-    without one has none), before it is built: an error raised while jsonargparse builds it would arrive inside its
-    union's long message, with a traceback."""
-    check = getattr(class_of(entry), "config_problems", None)
-    return list(check(entry.get("init_args") or {})) if callable(check) else []
+def data_problems(config: Any) -> list[str]:
+    """The DataModule's own checks of its ``init_args`` (``core.datamodule.ImageData.config_problems``; a class without
+    one has none)."""
+    check = getattr(data_class(config), "config_problems", None)
+    return list(check(config.get("data").get("init_args") or {})) if callable(check) else []
 
 
 @dataclass

@@ -11,6 +11,7 @@ from app.launch.checks import data_class
 from core.batch import torchvision_adjusted
 from core.config import get
 from core.device import AUTO, cuda_capability, describe, flag, on_cuda, precision_for, precision_reason
+from core.layout import layout_of
 from modules.classifier import COMPILE_CACHE
 
 
@@ -34,16 +35,6 @@ def resume_line(deterministic: Any) -> str:
     )
 
 
-def runs_compiled_models(strategy: str) -> bool:
-    """Whether ``model.compile auto`` compiles under this strategy: ``dp``'s replicas and ``ddp_mp``'s stages say no
-    (their class attribute ``runs_compiled_models``, which the model reads too)."""
-    from lightning.pytorch.strategies import StrategyRegistry
-
-    if strategy not in StrategyRegistry:  # auto, or a class path: one device per process
-        return True
-    return getattr(StrategyRegistry[strategy]["strategy"], "runs_compiled_models", True)
-
-
 def lines(
     config: Any, accelerator: str, root_dir: str, startup_timeout: float | None, strategy: str = "auto"
 ) -> list[str]:
@@ -61,7 +52,8 @@ def lines(
         memory = "channels_last (NHWC)" if flag(channels_last, cuda) else "NCHW"
         out.append(f"memory       {describe('model.channels_last', channels_last, memory, cuda)}")
     compile_ = get(config, "model", "compile", default=False)
-    compiled = flag(compile_, cuda and runs_compiled_models(strategy)) if compile_ == AUTO else compile_ is True
+    runs_compiled = layout_of(strategy).runs_compiled_models  # dp's replicas and ddp_mp's stages say no
+    compiled = flag(compile_, cuda and runs_compiled) if compile_ == AUTO else compile_ is True
     if cuda or compile_ is True or compile_ == AUTO:
         state = "on" if compiled else "off"
         if compile_ == AUTO and cuda and not compiled:

@@ -1,7 +1,7 @@
 """The preflight plan: what this run will do across processes (launcher, layout, ranks and devices, batch, lr,
 resume), as rank 0 prints it.
 
-The numbers come from the strategy's :class:`~app.strategies.layout.Layout`. :mod:`app.launch.preflight` builds the
+The numbers come from the strategy's :class:`~core.layout.Layout`. :mod:`app.launch.preflight` builds the
 plan from the parsed config, :mod:`app.launch.checks` checks it, :mod:`app.launch.rendezvous` explains a rendezvous
 timeout with it.
 """
@@ -11,10 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import app.strategies  # noqa: F401  (registers the app's modes: the plan looks a mode up by its name)
 from app.checkpoint import From, Resume
-from app.strategies.layout import Layout, layout_of
 from core.batch import linear_scaled_lr, resolve_batch
 from core.env import LAUNCHER_NAMES, Launch
+from core.layout import Layout, layout_of
 
 
 def device_count(devices: Any, accelerator: str | None) -> int | None:

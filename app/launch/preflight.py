@@ -18,11 +18,11 @@ from app.checkpoint.local_copy import local_root, restarts_in_place
 from app.launch import choices
 from app.launch.checks import config_problems, launch_problems, machine_problems
 from app.launch.plan import Plan, device_count
-from app.strategies.layout import layout_of, strategy_name
 from core.config import get
 from core.device import AUTO, auto_precision, on_cuda
 from core.env import Launch, detect
 from core.errors import UserError, with_link
+from core.layout import layout_of, strategy_name
 
 __all__ = ["PreflightError", "build", "machine_problems", "preflight"]
 

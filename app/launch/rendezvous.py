@@ -13,7 +13,8 @@ from typing import Any
 from app.faults import Fault
 from app.launch.plan import Plan
 from app.lightning_private import init_dist_connection, process_group_backend, set_strategy_timeout, strategy_timeout
-from core.env import Launch, detect, main_address
+from core.env import Launch, detect
+from core.network import main_address
 
 
 class RendezvousTimeout(Fault):

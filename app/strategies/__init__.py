@@ -2,8 +2,8 @@
 
 ``dp`` (DataParallel), ``allreduce`` (+ ``allreduce_per_param``, ``allreduce_overlap``, ``allreduce_fp16``,
 ``allreduce_bf16``) and ``ddp_mp``. ``ddp`` and its variants are Lightning's own. Each class declares its
-:class:`~app.strategies.layout.Layout` (processes, devices, parity claims) in a ``layout`` classmethod; whatever
-needs to know how a mode runs reads it through :func:`~app.strategies.layout.layout_of`. A new mode: one file here,
+:class:`~core.layout.Layout` (processes, devices, parity claims) in a ``layout`` classmethod; whatever needs to
+know how a mode runs reads it through :func:`~core.layout.layout_of`. A new mode: one file here,
 imported below.
 """
 

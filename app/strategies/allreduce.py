@@ -15,8 +15,8 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from app.strategies.layout import Layout
 from core.errors import InvalidValue, with_link
+from core.layout import Layout
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from torch import nn
 from typing_extensions import override
 
 from app.lightning_private import init_dist_connection
-from app.strategies.layout import Layout
 from core.errors import InvalidValue, UserError, with_link
+from core.layout import Layout
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +106,6 @@ class DDPModelParallelStrategy(DDPStrategy):
     """
 
     strategy_name = "ddp_mp"
-    # model.compile auto stays off: its stage hooks move activations between GPUs inside the network (not verified
-    # under torch.compile); --model.compile true still compiles
-    runs_compiled_models = False
 
     def __init__(self, devices_per_process: int = DEVICES_PER_PROCESS, **kwargs: Any) -> None:
         if problems := self.config_problems({"devices_per_process": devices_per_process}):
@@ -229,9 +226,11 @@ class DDPModelParallelStrategy(DDPStrategy):
         cls, devices: int | None, num_nodes: int = 1, devices_per_process: int = DEVICES_PER_PROCESS, **init_args: Any
     ) -> Layout:
         """``trainer.devices`` counts processes; each needs ``devices_per_process`` GPUs of its own."""
+        # model.compile auto stays off: its stage hooks move activations between GPUs inside the network (not
+        # verified under torch.compile); --model.compile true still compiles
         return Layout(
             processes_per_node=devices, devices_per_process=int(devices_per_process), needs_process_gpus=True,
-            parity="exact",
+            parity="exact", runs_compiled_models=False,
         )  # fmt: skip
 
     @classmethod

@@ -14,9 +14,9 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
 from typing_extensions import override
 
-from app.strategies.layout import Layout
 from core.env import detect
 from core.errors import UserError
+from core.layout import Layout
 
 # LightningModule step -> stage name given to ``log_step`` (the protocol of modules.ImageClassifier)
 _STAGES = {"training_step": "train", "validation_step": "val", "test_step": "test"}
@@ -86,13 +86,6 @@ class DataParallelStrategy(ParallelStrategy):
     """
 
     strategy_name = "dp"
-    runs_compiled_models = False  # its replicas would run the first GPU's weights: compile auto stays off
-
-    @property
-    def batch_splits(self) -> int:
-        """The shards DataParallel splits each batch into (one per GPU; one on the CPU, which has no replicas): what
-        a DataModule draws per device (the batch mixing) it draws per shard, as ddp's ranks do."""
-        return len(self.parallel_devices or []) if self.root_device.type == "cuda" else 1
 
     def _refuse_multi_process(self) -> None:
         # the preflight refuses this before anything starts; here for a launch it could not see (the step's tasks of
@@ -231,8 +224,13 @@ class DataParallelStrategy(ParallelStrategy):
 
     @classmethod
     def layout(cls, devices: int | None, num_nodes: int = 1, **init_args: Any) -> Layout:
-        """One process drives every device of its node and splits each batch over them."""
-        return Layout(processes_per_node=1, devices_per_process=devices or 1, one_process=True, splits_batch=True)
+        """One process drives every device of its node and splits each batch over them (what a DataModule draws per
+        device, the batch mixing, it draws per split, as ddp's ranks do); compile auto stays off: its replicas would
+        run the first GPU's weights."""
+        return Layout(
+            processes_per_node=1, devices_per_process=devices or 1, one_process=True, splits_batch=True,
+            runs_compiled_models=False,
+        )  # fmt: skip
 
     @classmethod
     @override

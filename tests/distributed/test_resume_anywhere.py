@@ -157,7 +157,7 @@ def job(out: Path, data_dir: str, photos: str) -> None:
     """One rank of the torchrun job: the three legs of every scenario; rank 0 writes the facts."""
     import torch.distributed as dist
 
-    from app.strategies.layout import REFERENCE
+    from app.strategies.modes import REFERENCE
 
     results = {}
     for name, (extra, workers) in scenarios().items():

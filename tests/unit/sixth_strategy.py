@@ -12,7 +12,7 @@ from typing import Any
 
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
-from app.strategies.layout import Layout
+from core.layout import Layout
 
 NAME = "sixth"
 

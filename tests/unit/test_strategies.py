@@ -13,8 +13,8 @@ from lightning.pytorch.strategies import DDPStrategy
 from app.command import main
 from app.strategies import AllReduceStrategy, DataParallelStrategy, DDPModelParallelStrategy
 from app.strategies.ddp_mp import balance, split_units
-from app.strategies.layout import layout_of
 from core.errors import InvalidValue, UserError
+from core.layout import layout_of
 from datamodules import MNISTDataModule
 from modules import ImageClassifier
 from modules.zoo import build
@@ -68,6 +68,22 @@ def test_mistakes_name_the_argument():
         AllReduceStrategy(compression="int8")
     with pytest.raises(InvalidValue, match="devices_per_process must be >= 1"):
         DDPModelParallelStrategy(devices_per_process=0)
+
+
+def test_the_layout_answers_for_a_configured_and_a_live_strategy_alike():
+    """One lookup: the mode's compile choice, batch splits and argument mistakes, by name, config or live strategy."""
+    gpus = [torch.device("cuda", 0), torch.device("cuda", 1)]
+    assert [layout_of(name).runs_compiled_models for name in ("auto", "ddp", "allreduce", "dp", "ddp_mp")] == [
+        True, True, True, False, False,
+    ]  # fmt: skip
+    live_dp = DataParallelStrategy(parallel_devices=gpus)
+    assert not layout_of(live_dp).runs_compiled_models and layout_of(live_dp).batch_splits("cuda") == 2
+    assert layout_of(DataParallelStrategy(parallel_devices=[torch.device("cpu")] * 2)).batch_splits("cpu") == 1
+    assert layout_of(AllReduceStrategy(parallel_devices=gpus)).batch_splits("cuda") == 1
+    assert layout_of(DDPModelParallelStrategy(devices_per_process=3)).devices_per_process == 3  # its own argument
+    config = {"class_path": "app.strategies.AllReduceStrategy", "init_args": {"bucket_cap_mb": -1}}
+    (problem,) = layout_of(config).problems
+    assert "bucket_cap_mb must be >= 0" in problem and layout_of("allreduce_fp16").problems == ()
 
 
 def test_ddp_mp_without_enough_gpus_says_how_to_fix_it():

@@ -1,29 +1,32 @@
-"""How a parallel mode lays its processes over devices, as the strategy class declares it.
+"""How a parallel mode lays its processes over devices, as the strategy class declares it, and the one lookup of it.
 
 A strategy class may define ``layout(cls, devices, num_nodes, **init_args) -> Layout``; its registry entry's
 ``init_params`` (``allreduce_fp16``: ``compression="fp16"``) and the config's ``init_args`` are passed in. A class
-without one (Lightning's ``ddp`` and its variants) runs one process per device. The plan, the throughput callback, the
-parity tool, the tests and the benchmarks read the layout through :func:`layout_of`, never the mode's name. The
-registry entry is read, not instantiated: some strategies need packages that may be missing.
+without one (Lightning's ``ddp`` and its variants) runs one process per device. Whatever needs to know how a mode runs
+(the plan, the preflight's checks, the model's compile choice, the batch mixing, the throughput callback, the parity
+tool, the tests and the benchmarks) asks :func:`layout_of`, for a configured name, class or config or for the live
+``trainer.strategy``, never the mode's name. A registry entry is read, not instantiated: some strategies need packages
+that may be missing. Names are those registered when asked: ``import app.strategies`` registers the app's modes.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
-from dataclasses import dataclass
+import inspect
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from lightning.pytorch.strategies import StrategyRegistry
+from lightning.pytorch.strategies import Strategy, StrategyRegistry
 
 from core.config import get
 
 Parity = Literal["exact", "close"] | None
-REFERENCE = "ddp"  # Lightning's DDP: the mode every other is compared with (``tools.parity``'s "vs ddp" column)
 
 
 @dataclass(frozen=True)
 class Layout:
-    """Processes and devices of one mode.
+    """Processes and devices of one mode, and what it says of its arguments.
 
     Attributes:
         processes_per_node: processes each node runs (None while the device count is unknown).
@@ -37,6 +40,9 @@ class Layout:
         fp16_parity: takes part in the fp16 GradScaler parity scenario (an overflow on one rank skips every rank).
         averages_by_hand: the strategy averages the gradients with its own ``all_reduce`` (no DDP wrapper); the
             step-time benchmark compares it with the plain hand-averaging loop of the PyTorch tutorial.
+        runs_compiled_models: ``model.compile auto`` compiles under this mode (``dp``, ``ddp_mp``: no).
+        problems: the mistakes in the mode's arguments, each with its fix (the class's ``config_problems``, asked by
+            the preflight before the strategy is built).
     """
 
     processes_per_node: int | None
@@ -47,6 +53,13 @@ class Layout:
     parity: Parity = None
     fp16_parity: bool = False
     averages_by_hand: bool = False
+    runs_compiled_models: bool = True
+    problems: tuple[str, ...] = ()
+
+    def batch_splits(self, device_type: str) -> int:
+        """The shards each batch of a process is split into on ``device_type``: one per device where the mode splits
+        it (``dp``'s replicas, one per GPU), else 1; on the CPU every device of a process is the CPU (no replicas)."""
+        return self.devices_per_process if self.splits_batch and device_type == "cuda" else 1
 
 
 def one_process_per_device(devices: int | None, num_nodes: int = 1, **init_args: Any) -> Layout:
@@ -55,7 +68,7 @@ def one_process_per_device(devices: int | None, num_nodes: int = 1, **init_args:
 
 
 def strategy_name(strategy: Any) -> str:
-    """The registered name of ``trainer.strategy`` (``dp``, ``ddp``, ...), or its class path."""
+    """The registered name of a configured strategy (``dp``, ``ddp``, ...), or its class path."""
     if isinstance(strategy, str):
         return strategy
     class_path = get(strategy, "class_path") or type(strategy).__name__
@@ -68,10 +81,23 @@ def strategy_name(strategy: Any) -> str:
     return class_path
 
 
+@functools.cache
+def _declared_arguments(cls: type) -> tuple[str, ...]:
+    """The named arguments of ``cls.layout`` but the devices and nodes (``compression``, ``devices_per_process``)."""
+    parameters = inspect.signature(cls.layout).parameters.values()
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return tuple(p.name for p in parameters if p.kind in named and p.name not in ("devices", "num_nodes"))
+
+
 def _entry(strategy: Any) -> tuple[type | None, dict[str, Any]]:
-    """The class and init arguments a strategy name, class or config (``class_path`` + ``init_args``) stands for."""
+    """The class and init arguments a strategy name, class, config (``class_path`` + ``init_args``) or live strategy
+    stands for; a live one's arguments are its attributes named as its ``layout`` names them."""
     if isinstance(strategy, type):
         return strategy, {}
+    if isinstance(strategy, Strategy):
+        cls = type(strategy)
+        names = _declared_arguments(cls) if hasattr(cls, "layout") else ()
+        return cls, {name: getattr(strategy, name) for name in names if hasattr(strategy, name)}
     name = strategy_name(strategy)
     given = dict(get(strategy, "init_args", default={}) or {}) if not isinstance(strategy, str) else {}
     if name in StrategyRegistry:
@@ -85,34 +111,13 @@ def _entry(strategy: Any) -> tuple[type | None, dict[str, Any]]:
 
 
 def layout_of(strategy: Any, devices: int | None = 1, num_nodes: int = 1) -> Layout:
-    """The layout of a strategy given by registered name, class or config, on ``devices`` per node."""
+    """The layout of a strategy given by registered name, class, config or as the live ``trainer.strategy``, on
+    ``devices`` per node (a live strategy: the devices and nodes it was given)."""
     cls, init_args = _entry(strategy)
+    if isinstance(strategy, Strategy):
+        devices = len(getattr(strategy, "parallel_devices", None) or [None])
+        num_nodes = int(getattr(strategy, "num_nodes", 1) or 1)
     declare = getattr(cls, "layout", None)
-    if declare is None:
-        return one_process_per_device(devices, num_nodes)
-    return declare(devices, num_nodes, **init_args)
-
-
-def parity_modes(parity: Parity = "exact", fp16: bool | None = None) -> list[str]:
-    """The registered modes that declare ``parity`` (and ``fp16_parity`` when given), the reference ``ddp`` first."""
-    modes = [REFERENCE] if parity == "exact" else []
-    for name in StrategyRegistry:
-        layout = layout_of(name)
-        if layout.parity == parity and name not in modes:
-            modes.append(name)
-    if fp16 is not None:
-        modes = [m for m in modes if m == REFERENCE or layout_of(m).fp16_parity == fp16]
-    return modes
-
-
-def declared_modes(variants: bool = True) -> list[str]:
-    """The modes the tools and benchmarks run, so that a new one needs no edit there: the reference ``ddp`` first, then
-    every registered name whose strategy class declares its layout (the app's modes, and any registered like them).
-    ``variants=False``: one name per class, its entry without preset arguments (``allreduce``, not
-    ``allreduce_fp16``)."""
-    modes = [REFERENCE]
-    for name, entry in StrategyRegistry.items():
-        declared = getattr(entry["strategy"], "layout", None) is not None
-        if declared and name not in modes and (variants or not entry["init_params"]):
-            modes.append(name)
-    return modes
+    layout = declare(devices, num_nodes, **init_args) if declare else one_process_per_device(devices, num_nodes)
+    check = getattr(cls, "config_problems", None)
+    return replace(layout, problems=tuple(check(init_args))) if callable(check) else layout

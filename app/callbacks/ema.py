@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import EMAWeightAveraging
 from lightning.pytorch.trainer.states import TrainerFn
@@ -112,6 +113,18 @@ class EMA(EMAWeightAveraging):
         warming_up = trainer.current_epoch < self._warmup_epochs
         if warming_up and self._latest_update_step != updated and self._average_model is not None:
             self._average_model.n_averaged.zero_()  # the next update copies the weights (torchvision's reset)
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        """A strategy that keeps each rank's BatchNorm statistics and averages them at every checkpoint (``allreduce``:
+        its ``sync_buffers``) has the average's averaged too: the average takes them from its own rank at each update,
+        so a run resumed from the checkpoint (whose ranks start from the averaged statistics) matches one never stopped
+        to rounding. A collective: every rank builds the checkpoint."""
+        if self._average_model is not None and callable(getattr(trainer.strategy, "sync_buffers", None)):
+            with torch.no_grad():
+                for buffer in self._average_model.module.buffers():
+                    if torch.is_floating_point(buffer):
+                        buffer.copy_(trainer.strategy.reduce(buffer.clone(), reduce_op="mean"))
+        super().on_save_checkpoint(trainer, pl_module, checkpoint)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Not yet: a checkpoint saved as training ends (``last.ckpt`` when that step had none) must still hold the

@@ -133,3 +133,16 @@ def test_deterministic_turns_benchmark_off_and_says_so(tmp_path, caplog):
     assert resolve_benchmark(None, True) is None  # Lightning's own default under deterministic: off
     torch.use_deterministic_algorithms(False)  # (the Trainer set it for the whole process)
     del trainer
+
+
+def test_the_imagenet_recipe_under_deterministic_resolves_benchmark_off(tmp_path, caplog):
+    """The config path: configs/imagenet.yaml (benchmark: true) with --trainer.deterministic true."""
+    recipe = Path(__file__).resolve().parents[2] / "configs" / "imagenet.yaml"
+    args = ["--config", str(recipe), "--data.synthetic", "true", "--trainer.accelerator", "cpu", "--model.arch",
+            "resnet18", "--trainer.deterministic", "true", "--trainer.default_root_dir", str(tmp_path)]  # fmt: skip
+    try:
+        cli = main(args, run=False)
+        assert cli.trainer is not None and torch.backends.cudnn.benchmark is False  # (Lightning sets it from the flag)
+        assert "trainer.benchmark off: trainer.deterministic is on" in caplog.text
+    finally:
+        torch.use_deterministic_algorithms(False)

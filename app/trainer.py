@@ -5,10 +5,24 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from lightning.pytorch import Trainer as LightningTrainer
+from lightning.pytorch.utilities import rank_zero_info
 
 from app.checkpoint import DiskFullError
 from app.lightning_private import PATH, PRECISION_INPUT, dump_checkpoint
 from core.device import AUTO, auto_precision, on_cuda
+
+
+def resolve_benchmark(benchmark: bool | None, deterministic: Any) -> bool | None:
+    """``benchmark`` off whenever ``deterministic`` is on, said in one line. Lightning keeps both and only warns, but
+    cuDNN's autotuner may then pick other (deterministic) kernels in a resumed process, and a resume is no longer
+    exact (``configs/imagenet.yaml`` sets ``benchmark: true``)."""
+    if benchmark and deterministic not in (None, False):
+        rank_zero_info(
+            "trainer.benchmark off: trainer.deterministic is on, and cuDNN's autotuner could pick other kernels "
+            "after a resume"
+        )
+        return False
+    return benchmark
 
 
 class Trainer(LightningTrainer):
@@ -21,14 +35,16 @@ class Trainer(LightningTrainer):
     command's error channel on every rank). A save written in the background (:class:`app.checkpoint.BackgroundSaves`)
     reports its failure at the next save, or at :meth:`wait_for_saves` at the end of ``fit``.
 
-    It also takes ``precision: auto`` (the ImageNet recipes' setting): ``bf16-mixed`` when the run is on a CUDA GPU
-    with bf16, else ``32-true`` (:func:`core.device.auto_precision`; the plan says which).
+    It also takes ``precision: auto`` (the ImageNet recipes' setting): ``bf16-mixed`` on a GPU that computes bf16
+    (sm80 and newer), ``16-mixed`` on an older one, else ``32-true`` (:func:`core.device.precision_for`; the plan
+    says which); and it turns ``benchmark`` off under ``deterministic`` (:func:`resolve_benchmark`).
     """
 
     def __init__(self, *args: Any, precision: PRECISION_INPUT | Literal["auto"] | None = None, **kwargs: Any) -> None:
         """Lightning's arguments; ``precision`` also ``auto``."""
         if precision == AUTO:
             precision = auto_precision(on_cuda(kwargs.get("accelerator", AUTO)))  # type: ignore[assignment]
+        kwargs["benchmark"] = resolve_benchmark(kwargs.get("benchmark"), kwargs.get("deterministic"))
         super().__init__(*args, precision=precision, **kwargs)
 
     def save_checkpoint(

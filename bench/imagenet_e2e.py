@@ -2,8 +2,8 @@
 
 The recipe as a user runs it (``configs/imagenet.yaml`` through the app's CLI: on CUDA bf16-mixed, channels_last,
 compiled, normalised on the device), ResNet-50 at 224 px, batch 256, on ImageNet-like JPEGs (``bench.loader``'s:
-about 500x375, quality 90, cut from the test photos; ``--images`` of them hard-linked into 10 class folders), in one
-process, one fit after the other:
+about 500x375, quality 90, cut from the test photos; ``--images`` of them hard-linked into 1000 class folders, so that
+the network, and with it the compiled graphs, are the synthetic fit's), in one process, one fit after the other:
 
 1. synthetic uint8 batches (``--data.synthetic true``): the rate of the compiled step with nothing to load, the
    reference every other row is divided by; its first step pays the compile (its caches in the run folder);
@@ -18,13 +18,16 @@ process, one fit after the other:
 5. with ``--determinism``, last: the synthetic fit again with ``--trainer.deterministic true``: what exact resume
    costs.
 
-Each fit is timed with synchronised clocks from the start of step ``--warmup`` (at least the batches the loader
-workers had in flight when they started, ``workers x prefetch_factor``, so that the rate is the loader's own) to the
-end of the last of ``--steps`` more. Per row: images/s, against the synthetic rate (the GPU's busy share), the
-data wait and Lightning's loop as the training summary measures them (``app.callbacks.throughput.gap_parts``, over
-the timed steps and, from the run's ``Throughput``, over the whole fit), the GPU utilisation NVML reports (sampled
-at each step's end), and the time to the end of the first step. The results name the decoders that ran with their
-versions (TorchCodec, nvImageCodec) and why ``auto`` would choose as it does.
+Each fit is timed from the start of step ``--warmup`` (at least the batches the loader workers had in flight when
+they started, ``workers x prefetch_factor``, so that the rate is the loader's own) to the end of the last of
+``--steps`` more, by CUDA events recorded at those steps and read after one synchronize at the end (``Marks``: no
+step waits for the GPU; on the CPU the wall clock); then the evaluation path (``trainer.validate``: the evaluation
+transforms and graph) the same way over as many warm-up batches and ``eval_steps`` timed ones. Per row: images/s,
+against the synthetic rate (the GPU's busy share), the data wait and Lightning's loop as the training summary
+measures them (``app.callbacks.throughput.gap_parts``, over the timed steps and, from the run's ``Throughput``, over
+the whole fit), the GPU utilisation NVML reports (sampled at each step's end), the time to the end of the first
+step, and the evaluation's images/s. The results name the decoders that ran with their versions (TorchCodec,
+nvImageCodec) and why ``auto`` would choose as it does.
 
 Writes ``bench/results/imagenet_e2e_<gpu>.{json,md}`` (``--out``). ``--smoke``: the CPU at tiny sizes (resnet18,
 32 px, batch 4), nvImageCodec's CPU backend for ``gpu``: a check of this script, not a measurement.
@@ -53,8 +56,11 @@ SMOKE_TITLE = {
     False: " (SMOKE: CPU, tiny sizes, not a measurement)",
     True: " (CPU, tiny sizes, compiled: img/s are no figure; the first step compares a cold compile with a restart's)",
 }
-GPU_SIZES = {"arch": "resnet50", "batch": 256, "px": 224, "warmup": 15, "steps": 30, "images": 512, "workers": "auto"}
-SMOKE_SIZES = {"arch": "resnet18", "batch": 4, "px": 32, "warmup": 2, "steps": 2, "images": 8, "workers": "1"}
+GPU_SIZES = {"arch": "resnet50", "batch": 256, "px": 224, "warmup": 15, "steps": 30, "eval_steps": 10, "images": 512,
+             "workers": "auto"}  # fmt: skip
+SMOKE_SIZES = {"arch": "resnet18", "batch": 4, "px": 32, "warmup": 2, "steps": 2, "eval_steps": 2, "images": 8,
+               "workers": "1"}  # fmt: skip
+CLASSES = 1000  # the synthetic fit's: the JPEG fits then build the same network and reuse its compiled graphs
 
 
 def versions() -> dict[str, Any]:
@@ -75,14 +81,15 @@ def versions() -> dict[str, Any]:
     return out
 
 
-def jpeg_tree(folder: Path, unique: int, train: int) -> Path:
-    """``unique`` ImageNet-like JPEGs hard-linked into ``train`` files over 10 class folders, and 10 in ``val/``."""
+def jpeg_tree(folder: Path, unique: int, train: int, val: int) -> Path:
+    """``unique`` ImageNet-like JPEGs hard-linked into ``train`` files over :data:`CLASSES` class folders, and 10
+    into ``val`` files in ``val/`` (each at least one per class)."""
     from bench.loader import make_jpegs
 
     sources = {"train": make_jpegs(folder / "flat", unique), "val": make_jpegs(folder / "flat_val", 10, seed=1)}
-    for split, total in (("train", train), ("val", 10)):
-        for i in range(total):
-            target = folder / split / f"class{i % 10}"
+    for split, total in (("train", train), ("val", val)):
+        for i in range(max(total, CLASSES)):
+            target = folder / split / f"class{i % CLASSES:04d}"
             target.mkdir(parents=True, exist_ok=True)
             os.link(sources[split][i % len(sources[split])], target / f"{i:06d}.jpg")
     return folder
@@ -100,30 +107,51 @@ def fit_args(root: Path, z: dict[str, Any], steps: int, extra: list[str], device
     ]  # fmt: skip
 
 
+class Marks:
+    """Time marks that never wait for the GPU: on CUDA an event recorded on the current stream per mark, read after
+    one ``torch.cuda.synchronize()`` once the fit is over (:meth:`seconds`); elsewhere ``time.perf_counter()``. (A
+    synchronize per step would add the host's work to the GPU's instead of overlapping it: every rate too low.)"""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+
+    def mark(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, start: Any, end: Any) -> float:
+        """From mark ``start`` to mark ``end`` (0 if either is missing)."""
+        if start is None or end is None:
+            return 0.0
+        if not self.cuda:
+            return end - start
+        torch.cuda.synchronize()  # after the fit: the events' times are known
+        return start.elapsed_time(end) / 1000
+
+
 def clock(device: str, warmup: int) -> Any:
-    """The timing callback: synchronised readings at the start of step ``warmup`` and the end of every step after,
-    the gap parts (data wait, loop) of the timed steps, NVML's GPU utilisation at each timed step's end, and the
-    seconds from the fit's start to the end of its first step."""
+    """The timing callback: marks (:class:`Marks`) at the start of training step ``warmup`` and the end of every step
+    after, and the same for the evaluation's batches; the gap parts (data wait, loop) of the timed steps, NVML's GPU
+    utilisation at each timed step's end, and the seconds from the fit's start to the end of its first step."""
     from lightning.pytorch import Callback
 
     from app.callbacks.throughput import gap_parts
 
     cuda = device == "cuda"
 
-    def now() -> float:
-        if cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter()
-
     class Clock(Callback):
         def __init__(self) -> None:
-            self.start = self.end = self.fit_start = self.first_step = 0.0
-            self.images, self.data, self.loop = 0, 0.0, 0.0
+            self.marks = Marks(cuda)
+            self.start = self.end = self.fit_start = self.first_step = self.eval_start = self.eval_end = None
+            self.images, self.eval_images, self.data, self.loop = 0, 0, 0.0, 0.0
             self.last_end: float | None = None
             self.utilisation: list[float] = []
 
         def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-            self.fit_start = time.perf_counter()
+            self.fit_start = self.marks.mark()
 
         def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
             begin = time.perf_counter()
@@ -131,18 +159,41 @@ def clock(device: str, warmup: int) -> Any:
                 data, loop = gap_parts(trainer, begin, self.last_end)
                 self.data, self.loop = self.data + data, self.loop + loop
             if batch_idx == warmup:
-                self.start = now()
+                self.start = self.marks.mark()
 
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
             if batch_idx == 0:
-                self.first_step = now() - self.fit_start
+                self.first_step = self.marks.mark()
             if batch_idx >= warmup:
                 self.images += len(batch[1])
-                self.end = now()
+                self.end = self.marks.mark()
                 if cuda:
                     with contextlib.suppress(Exception):  # no NVML bindings: the figure stays empty
                         self.utilisation.append(float(torch.cuda.utilization()))
             self.last_end = time.perf_counter()
+
+        def on_validation_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, *_: Any) -> None:
+            if batch_idx == warmup:
+                self.eval_start = self.marks.mark()
+
+        def on_validation_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int,
+                                    *_: Any) -> None:  # fmt: skip
+            if batch_idx >= warmup:
+                self.eval_images += len(batch[1])
+                self.eval_end = self.marks.mark()
+
+        def rates(self) -> dict[str, float | None]:
+            """After the fit: the timed seconds, the training and evaluation img/s, the first step's seconds."""
+            seconds, evaluation = (
+                self.marks.seconds(self.start, self.end),
+                self.marks.seconds(self.eval_start, self.eval_end),
+            )
+            return {
+                "seconds": seconds,
+                "img_per_s": self.images / seconds if seconds > 0 else None,
+                "eval_img_per_s": self.eval_images / evaluation if evaluation > 0 else None,
+                "first_step_s": self.marks.seconds(self.fit_start, self.first_step),
+            }
 
     return Clock()
 
@@ -161,9 +212,13 @@ def one_fit(name: str, root: Path, z: dict[str, Any], extra: list[str], device: 
         cli = main(args, run=False, cli_class=_cli_saving_nothing())
         cli.trainer.callbacks.append(watch)
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+        # the evaluation path (its own geometry and compiled graph), timed as the training steps are
+        cli.trainer.limit_val_batches = warmup + int(z["eval_steps"])
+        cli.trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)
     except Exception as err:  # noqa: BLE001 (a row that failed says why; the others still run)
         return {"input": name, "error": f"{type(err).__name__}: {err}"[-1500:], "wall_s": time.perf_counter() - began}
-    seconds = watch.end - watch.start
+    rates = watch.rates()
+    seconds = rates["seconds"]
     throughput = next((cb for cb in cli.trainer.callbacks if isinstance(cb, Throughput)), None)
     data_module = cli.datamodule
     row = {
@@ -176,13 +231,14 @@ def one_fit(name: str, root: Path, z: dict[str, Any], extra: list[str], device: 
         "channels_last": bool(getattr(cli.model, "channels_last", False)),
         "workers": data_module.num_workers,
         "timed_steps": int(z["steps"]),
-        "img_per_s": watch.images / seconds if seconds > 0 else None,
+        "img_per_s": rates["img_per_s"],
+        "eval_img_per_s": rates["eval_img_per_s"],
         "data_wait_frac": watch.data / seconds if seconds > 0 else None,
         "loop_frac": watch.loop / seconds if seconds > 0 else None,
         "summary_data_wait_frac": throughput.data_wait_frac if throughput else None,
         "summary_loop_frac": throughput.loop_frac if throughput else None,
         "gpu_utilisation_pct": sum(watch.utilisation) / len(watch.utilisation) if watch.utilisation else None,
-        "first_step_s": watch.first_step,
+        "first_step_s": rates["first_step_s"],
         "wall_s": time.perf_counter() - began,
     }
     decoded = getattr(data_module, "_batch_decoder", None)
@@ -209,8 +265,15 @@ def restart(root: Path, z: dict[str, Any], device: str, timeout: float) -> dict[
 
 
 def synthetic(z: dict[str, Any]) -> list[str]:
-    train = int(z["batch"]) * (int(z["warmup"]) + int(z["steps"]) + 1)
-    return ["--data.synthetic", "true", "--data.synthetic_train_size", str(train), "--data.synthetic_val_size", "8"]
+    train, val = (int(z["batch"]) * (int(z["warmup"]) + int(z[k]) + 1) for k in ("steps", "eval_steps"))
+    return [
+        "--data.synthetic",
+        "true",
+        "--data.synthetic_train_size",
+        str(train),
+        "--data.synthetic_val_size",
+        str(val),
+    ]
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -225,8 +288,8 @@ def markdown(results: dict[str, Any]) -> str:
         f"data.decode auto here: {'gpu' if v['auto_picks_gpu'] else 'cpu'} ({v['auto_reason']}).",
         "",
         "| input | decoder | precision | compiled | img/s | of synthetic | data wait (timed / whole fit) | loop | "
-        "GPU util (NVML) | first step (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "GPU util (NVML) | first step (s) | evaluation img/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     reference = next((r.get("img_per_s") for r in results["rows"] if r["input"] == "synthetic"), None)
 
@@ -235,16 +298,17 @@ def markdown(results: dict[str, Any]) -> str:
 
     for r in results["rows"]:
         if "error" in r:
-            lines.append(f"| {r['input']} | failed | | | | | | | | {r['error'][-300:].replace('|', '/')} |")
+            lines.append(f"| {r['input']} | failed | | | | | | | | | {r['error'][-300:].replace('|', '/')} |")
             continue
         rate = r.get("img_per_s")
         share = pct(rate / reference) if rate and reference else "-"
         util = "-" if r.get("gpu_utilisation_pct") is None else f"{r['gpu_utilisation_pct']:.0f}%"
+        evaluation = "-" if r.get("eval_img_per_s") is None else f"{r['eval_img_per_s']:,.0f}"
         lines.append(
             f"| {r['input']} | {r.get('decoder', '-')} | {r.get('precision', '-')} | {r.get('compiled', '-')} | "
             f"{'-' if rate is None else f'{rate:,.0f}'} | {share} | {pct(r.get('data_wait_frac'))} / "
             f"{pct(r.get('summary_data_wait_frac'))} | {pct(r.get('loop_frac'))} | {util} | "
-            f"{r.get('first_step_s', 0):.1f} |"
+            f"{r.get('first_step_s', 0):.1f} | {evaluation} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -298,7 +362,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     with tempfile.TemporaryDirectory(prefix="bench-e2e-") as tmp:
         root, data = Path(tmp) / "run", Path(tmp) / "jpegs"
         steps = int(z["warmup"]) + int(z["steps"])
-        jpeg_tree(data, int(z["images"]), int(z["batch"]) * (steps + 1))
+        evaluated = int(z["batch"]) * (int(z["warmup"]) + int(z["eval_steps"]) + 1)
+        jpeg_tree(data, int(z["images"]), int(z["batch"]) * (steps + 1), evaluated)
         # the most wanted first (a run cut short keeps them): the reference, the first decoder, the restart
         decoders = [d for d in args.decoders.split(",") if d]
         jpegs = [(f"JPEG files, decode {d}", ["--data.data_dir", str(data), "--data.decode", d]) for d in decoders]

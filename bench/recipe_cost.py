@@ -40,7 +40,7 @@ from bench.common import RESULTS, machine, machine_line, write_json
 MODERN_ARGS = [
     "--data.trivial_augment", "true", "--data.random_erasing", "0.1", "--data.mixup_alpha", "0.2",
     "--data.cutmix_alpha", "1.0", "--data.repeated_augmentation", "4", "--model.label_smoothing", "0.1",
-    "--model.norm_bias_weight_decay", "0.0", "--ema.torchvision_decay", "0.99998", "--ema.update_every_n_steps", "32",
+    "--model.norm_weight_decay", "0.0", "--ema.torchvision_decay", "0.99998", "--ema.update_every_n_steps", "32",
 ]  # fmt: skip
 SIZES = {
     "cuda": {"batch": 256, "px": 224, "images": 256, "rounds": 5, "arch": "resnet50"},

@@ -105,16 +105,22 @@ class _KeyedBatches:
             yield [(index, epoch) for index in batch]
 
 
+RA_EPOCH_MULTIPLE = 256  # torchvision's RASampler: an epoch is a multiple of this many samples over all ranks
+
+
 class ResumableSampler(DistributedSampler):
     """``DistributedSampler`` (shuffled, Lightning's seed) that skips ``skip`` samples of epoch ``skip_epoch`` once.
 
     With one process it is the whole permutation (``num_replicas=1``): the same code path on every layout.
 
-    ``repeats`` > 1: repeated augmentation, as torchvision's ``RASampler`` (timm's ``RepeatAugSampler``): the epoch's
-    permutation with each sample repeated ``repeats`` times in a row (as positions ``index x repeats + copy``), dealt
-    to the ranks in turn, so the copies of a sample go to consecutive ranks; each rank keeps its first
-    ``ceil(len / ranks)`` positions, as without repeats (an epoch trains as many images as the data set holds, a
-    ``repeats``-th of them distinct). timm's default also rounds the epoch down to a multiple of 256 images; not here.
+    ``repeats`` > 1: repeated augmentation, as torchvision's ``RASampler`` (references/classification/sampler.py):
+    the epoch's permutation with each sample repeated ``repeats`` times in a row (as positions ``index x repeats +
+    copy``), padded to a multiple of the ranks, dealt to the ranks in turn, so the copies of a sample go to
+    consecutive ranks; each rank keeps its first ``floor(len // 256 x 256 / ranks)`` positions: an epoch of
+    ``floor(len / 256) x 256`` samples over all ranks, about a ``repeats``-th of them distinct. One process is one
+    rank (as torchvision's sampler under torchrun with one process): the copies of a sample come one after the other.
+    A data set of fewer than 256 samples (which torchvision's rounding would leave empty) keeps ``ceil(len / ranks)``
+    positions per rank.
     """
 
     def __init__(
@@ -126,6 +132,9 @@ class ResumableSampler(DistributedSampler):
             raise ValueError(f"repeated augmentation needs 1 or more repeats, got {repeats}")
         self.repeats = repeats
         self.skip, self.skip_epoch = 0, -1
+        size = len(dataset)  # type: ignore[arg-type]
+        if repeats > 1 and size >= RA_EPOCH_MULTIPLE:
+            self.num_samples = size // RA_EPOCH_MULTIPLE * RA_EPOCH_MULTIPLE // num_replicas
 
     def _positions(self) -> Iterator[int]:
         if self.repeats == 1:
@@ -133,8 +142,9 @@ class ResumableSampler(DistributedSampler):
         generator = torch.Generator().manual_seed(self.seed + self.epoch)  # DistributedSampler's permutation
         order = torch.randperm(len(self.dataset), generator=generator).tolist()  # type: ignore[arg-type]
         positions = [index * self.repeats + copy for index in order for copy in range(self.repeats)]
-        if len(positions) < self.total_size:  # a tiny data set on many ranks: padded by repeating it, as theirs
-            positions = (positions * math.ceil(self.total_size / len(positions)))[: self.total_size]
+        total = math.ceil(len(positions) / self.num_replicas) * self.num_replicas
+        total = max(total, self.total_size)  # a tiny data set on many ranks: every rank gets its ceil(len / ranks)
+        positions = (positions * math.ceil(total / len(positions)))[:total]  # torchvision's padding from the start
         return iter(positions[self.rank :: self.num_replicas][: self.num_samples])
 
     def __iter__(self) -> Iterator[int]:

@@ -52,14 +52,20 @@ class ImageClassifier(LightningModule):
         lr_scheduler: optional LR scheduler given the same way (e.g. ``torch.optim.lr_scheduler.StepLR``).
         lr_scheduler_interval: step the scheduler every ``epoch`` or every optimizer ``step``.
         label_smoothing: cross-entropy label smoothing (also of mixed labels, as torchvision's recipe).
-        norm_bias_weight_decay: the weight decay of normalisation layers' parameters and of every bias, in a
-            parameter group of their own (the modern recipe: 0.0); None: the optimizer's for every parameter.
+        norm_weight_decay: the weight decay of normalisation layers' parameters, in a parameter group of their own
+            (torchvision's ``--norm-weight-decay``; the modern recipe: 0.0; every other parameter, biases included,
+            keeps the optimizer's); None: the optimizer's for every parameter.
+        norm_bias_weight_decay: as ``norm_weight_decay``, for every bias too (timm's rule); give one of the two.
         lr_reference_batch_size: linear LR scaling: the optimizer's ``lr`` is the rate per this many images of
             global batch (256 in the ImageNet recipe) and the optimizer runs with ``lr x global batch / this``.
             The global batch is the datamodule's ``batch_size x world size x accumulate_grad_batches``.
             None: ``lr`` is used as given.
-        warmup_epochs: ramp the learning rate linearly from ~0 to its scheduled value over this many epochs
-            (counted in optimizer steps; 0 = no warmup; Goyal et al. use 5 for large batches).
+        warmup_epochs: ramp the learning rate linearly up to its scheduled value over this many epochs (0 = no
+            warmup; Goyal et al. use 5 for large batches).
+        warmup_interval: ``step``: the ramp rises every optimizer step from ~0 and scales the scheduler's lr;
+            ``epoch``: torchvision's, ``LinearLR`` from ``warmup_start_factor`` stepped once per epoch, then the
+            ``lr_scheduler`` (its ``T_max``: the epochs after the warm-up) through ``SequentialLR``.
+        warmup_start_factor: the first epoch's share of the lr under ``warmup_interval: epoch`` (torchvision: 0.01).
         channels_last: keep weights and inputs in NHWC memory format (faster convolutions on tensor cores);
             ``auto``: on CUDA only.
         compile: compile the network with ``torch.compile`` (parameter names stay unchanged in checkpoints), its
@@ -84,6 +90,9 @@ class ImageClassifier(LightningModule):
         norm_bias_weight_decay: float | None = None,
         lr_reference_batch_size: int | None = None,
         warmup_epochs: float = 0.0,
+        warmup_interval: Literal["step", "epoch"] = "step",
+        warmup_start_factor: float = 0.01,
+        norm_weight_decay: float | None = None,
         channels_last: bool | Auto = False,
         compile: bool | Auto = False,
         float32_matmul_precision: Literal["highest", "high", "medium"] | None = None,
@@ -320,24 +329,30 @@ class ImageClassifier(LightningModule):
 
     def _warmup_factor(self) -> float:
         warmup_epochs = self.hparams.get("warmup_epochs") or 0.0
-        if warmup_epochs <= 0:
+        if warmup_epochs <= 0 or self.hparams.get("warmup_interval", "step") == "epoch":
             return 1.0
         steps_per_epoch = self.trainer.num_training_batches / self.trainer.accumulate_grad_batches
         warmup_steps = max(1, round(warmup_epochs * steps_per_epoch))
         return min(1.0, (self.trainer.global_step + 1) / warmup_steps)
 
     def param_groups(self) -> list[dict[str, Any]] | Any:
-        """The optimizer's parameters: all of them, or with ``norm_bias_weight_decay`` two groups, the second holding
-        the normalisation layers' parameters and every bias with that weight decay (torchvision's ``set_weight_decay``
-        with ``norm_weight_decay``, biases included as timm does)."""
-        decay = self.hparams.get("norm_bias_weight_decay")
-        if decay is None:
+        """The optimizer's parameters: all of them, or two groups, the second holding the normalisation layers'
+        parameters with ``norm_weight_decay`` (torchvision's ``set_weight_decay``: every other parameter, ``fc.bias``
+        included, keeps the optimizer's), or those and every bias with ``norm_bias_weight_decay`` (timm's)."""
+        norm_decay, bias_decay = self.hparams.get("norm_weight_decay"), self.hparams.get("norm_bias_weight_decay")
+        if norm_decay is not None and bias_decay is not None:
+            raise UserError(
+                "model.norm_weight_decay (normalisation layers) and model.norm_bias_weight_decay (those and every "
+                "bias) are both given: give one (--model.norm_bias_weight_decay null)"
+            )
+        if norm_decay is None and bias_decay is None:
             return self.parameters()
         norms = {id(p) for m in self.modules() if isinstance(m, NORM_LAYERS) for p in m.parameters(recurse=False)}
         named = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
-        exempt = [p for n, p in named if id(p) in norms or n.endswith(".bias")]
-        others = [p for n, p in named if not (id(p) in norms or n.endswith(".bias"))]
-        return [{"params": others}, {"params": exempt, "weight_decay": decay}]
+        exempt = {id(p) for n, p in named if id(p) in norms or (bias_decay is not None and n.endswith(".bias"))}
+        others = [p for _, p in named if id(p) not in exempt]
+        decay = norm_decay if norm_decay is not None else bias_decay
+        return [{"params": others}, {"params": [p for _, p in named if id(p) in exempt], "weight_decay": decay}]
 
     def configure_optimizers(self):
         optimizer = self.optimizer_factory(self.param_groups())
@@ -352,14 +367,41 @@ class ImageClassifier(LightningModule):
                 f"learning rate {optimizer.param_groups[0]['lr']:g} = {base:g} per {reference} images x global batch "
                 f"{global_batch} / {reference} (linear scaling, model.lr_reference_batch_size)"
             )
-        if self.lr_scheduler_factory is None:
+        scheduler = None
+        if self.lr_scheduler_factory is not None:
+            scheduler = self._scheduler(optimizer)
+            self._check_schedule_length(scheduler)
+        scheduler = self._epoch_warmup(optimizer, scheduler)
+        if scheduler is None:
             return optimizer
-        scheduler = self._scheduler(optimizer)
-        self._check_schedule_length(scheduler)
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": self.hparams.lr_scheduler_interval},
         }
+
+    def _epoch_warmup_epochs(self) -> int:
+        """The warm-up's epochs under ``warmup_interval: epoch`` (0 otherwise)."""
+        epochs = self.hparams.get("warmup_epochs") or 0.0
+        if self.hparams.get("warmup_interval", "step") != "epoch" or epochs <= 0:
+            return 0
+        if epochs != int(epochs) or self.hparams.lr_scheduler_interval != "epoch":
+            raise UserError(
+                f"model.warmup_interval epoch steps the warm-up once per epoch: it needs whole model.warmup_epochs "
+                f"(got {epochs:g}) and model.lr_scheduler_interval epoch (got {self.hparams.lr_scheduler_interval}). "
+                "Fix: --model.warmup_epochs 5, or --model.warmup_interval step (a ramp over optimizer steps)."
+            )
+        return int(epochs)
+
+    def _epoch_warmup(self, optimizer: torch.optim.Optimizer, main: Any) -> Any:
+        """torchvision's warm-up (references/classification/train.py): ``LinearLR`` from ``warmup_start_factor`` over
+        the warm-up epochs, then ``main`` through ``SequentialLR``, built in its order (``main`` first, as each
+        scheduler's construction sets the lr), so the lr of every epoch is torchvision's; ``main`` alone otherwise."""
+        epochs = self._epoch_warmup_epochs()
+        if not epochs:
+            return main
+        lr = torch.optim.lr_scheduler
+        warmup = lr.LinearLR(optimizer, start_factor=self.hparams.get("warmup_start_factor", 0.01), total_iters=epochs)
+        return warmup if main is None else lr.SequentialLR(optimizer, [warmup, main], milestones=[epochs])
 
     def _fp16_safe_eps(self, optimizer: torch.optim.Optimizer) -> None:
         """Under 16-true the optimizer's state and arithmetic are fp16, where Adam's default ``eps=1e-8`` is 0 and the
@@ -443,18 +485,20 @@ class ImageClassifier(LightningModule):
         if not isinstance(t_max, int) or self._trainer is None:
             return
         per_step = self.hparams.lr_scheduler_interval == "step"
-        run = self._run_steps() if per_step else self.trainer.max_epochs
+        warmup = 0 if per_step else self._epoch_warmup_epochs()  # torchvision's cosine spans the epochs after it
+        run = self._run_steps() if per_step else self.trainer.max_epochs - warmup
         if run is None or run <= 0 or run == t_max:
             return
         unit = "optimizer steps" if per_step else "epochs"
+        after = f" after its {warmup} warm-up epochs" if warmup else ""
         effect = (
             f"climbs back up after {t_max} (a cosine is periodic)"
             if t_max < run
             else f"ends at {100 * (1 + math.cos(math.pi * run / t_max)) / 2:.0f}% of its peak instead of 0"
         )
         rank_zero_warn(
-            f"lr_scheduler {type(scheduler).__name__} runs over T_max={t_max} {unit} but this run makes {run}, so the "
-            f"learning rate {effect}. Fix: --model.lr_scheduler.init_args.T_max {run}."
+            f"lr_scheduler {type(scheduler).__name__} runs over T_max={t_max} {unit} but this run makes {run}{after}, "
+            f"so the learning rate {effect}. Fix: --model.lr_scheduler.init_args.T_max {run}."
         )
 
     def _check_schedule_length(self, scheduler) -> None:

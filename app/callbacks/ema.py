@@ -8,10 +8,12 @@ weights beside it (``current_model_state``) and its own state (``averaging_state
 
 What this subclass adds, each a few lines:
 
-- ``torchvision_decay``: torchvision's reference recipe gives a decay per image-epoch (``--model-ema-decay 0.99998``,
-  updated every 32 steps) and adjusts it to the run, ``1 - (1 - decay) x global batch x steps between updates /
-  epochs``, so that the average spans the same share of any run (0.99891 at a global batch of 1024 over 600 epochs);
-  during the model's warm-up epochs the average restarts at each update, as there;
+- ``torchvision_decay``: torchvision's reference recipe (references/classification/train.py) gives a decay per
+  image-epoch (``--model-ema-decay 0.99998``) and adjusts it to the run, ``1 - (1 - decay) x world size x
+  per-device batch x steps between updates / epochs``, so that the average spans the same share of any run (0.99891
+  at 8 x 128 over 600 epochs); it updates after the steps whose index *within the epoch* is a multiple of
+  ``update_every_n_steps`` (the first step of every epoch included), and during the model's warm-up epochs the
+  average restarts at each update (a copy of the weights), as there;
 - evaluating or testing a checkpoint outside ``fit`` (``--test_after_fit`` included) uses its ``state_dict``, the
   average, without Lightning's warning (Lightning's would load the training weights back when the same callback has
   just finished a fit);
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import EMAWeightAveraging
 from lightning.pytorch.trainer.states import TrainerFn
@@ -64,6 +67,7 @@ class EMA(EMAWeightAveraging):
         self.decay, self.torchvision_decay = decay, torchvision_decay
         self.effective_decay: float | None = decay
         self._warmup_epochs = 0.0
+        self._epoch_step = 0
 
     @property
     def enabled(self) -> bool:
@@ -74,27 +78,53 @@ class EMA(EMAWeightAveraging):
         if stage != "fit":
             return
         if self.torchvision_decay is not None:
-            global_batch = getattr(trainer.datamodule, "global_batch_size", None) or trainer.world_size
+            # torchvision's world size x per-device batch: the images of one batch over all processes (its loop
+            # has no gradient accumulation; under dp the process's batch holds every GPU's share)
+            known = getattr(trainer.datamodule, "global_batch_size", None)
+            per_device = getattr(trainer.datamodule, "batch_size", None) or 1
+            images = known // trainer.accumulate_grad_batches if known else trainer.world_size * int(per_device)
             epochs = max(trainer.max_epochs or 1, 1)
-            self.effective_decay = torchvision_adjusted(
-                self.torchvision_decay, int(global_batch), self.update_every_n_steps, epochs
-            )
+            every = self.update_every_n_steps
+            self.effective_decay = torchvision_adjusted(self.torchvision_decay, int(images), every, epochs)
             self._warmup_epochs = float(pl_module.hparams.get("warmup_epochs") or 0.0)
+            restart = "; restarted at each update of the warm-up epochs" if self._warmup_epochs else ""
             rank_zero_info(
-                f"ema: decay {self.effective_decay:.6g} per update every {self.update_every_n_steps} step(s) = "
-                f"torchvision's {self.torchvision_decay:g} adjusted to global batch {global_batch} over {epochs} "
-                f"epochs{'; restarted at each update of the warm-up epochs' if self._warmup_epochs else ''}"
+                f"ema: decay {self.effective_decay:.6g} per update at the steps 0, {every}, {2 * every}, .. of each "
+                f"epoch = torchvision's {self.torchvision_decay:g} adjusted to {images} images per batch x {every} / "
+                f"{epochs} epochs{restart}"
             )
         self._kwargs["avg_fn"] = get_ema_avg_fn(decay=self.effective_decay)
         self._device = self._device or trainer.strategy.root_device
         super().setup(trainer, pl_module, stage)
 
+    def should_update(self, step_idx: int | None = None, epoch_idx: int | None = None) -> bool:
+        """Lightning's rule (every ``update_every_n_steps`` optimizer steps of the run), or with ``torchvision_decay``
+        torchvision's: the step's index within its epoch is a multiple of ``update_every_n_steps``."""
+        if self.torchvision_decay is None or step_idx is None:
+            return super().should_update(step_idx, epoch_idx)
+        started = self.update_starting_at_step is None or step_idx >= self.update_starting_at_step
+        return started and self._epoch_step % self.update_every_n_steps == 0
+
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
+        batch_idx = args[-1]  # (outputs, batch, batch_idx): this optimizer step's index within the epoch
+        self._epoch_step = (batch_idx + 1) // trainer.accumulate_grad_batches - 1
         updated = self._latest_update_step
         super().on_train_batch_end(trainer, pl_module, *args)
         warming_up = trainer.current_epoch < self._warmup_epochs
         if warming_up and self._latest_update_step != updated and self._average_model is not None:
             self._average_model.n_averaged.zero_()  # the next update copies the weights (torchvision's reset)
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        """A strategy that keeps each rank's BatchNorm statistics and averages them at every checkpoint (``allreduce``:
+        its ``sync_buffers``) has the average's averaged too: the average takes them from its own rank at each update,
+        so a run resumed from the checkpoint (whose ranks start from the averaged statistics) matches one never stopped
+        to rounding. A collective: every rank builds the checkpoint."""
+        if self._average_model is not None and callable(getattr(trainer.strategy, "sync_buffers", None)):
+            with torch.no_grad():
+                for buffer in self._average_model.module.buffers():
+                    if torch.is_floating_point(buffer):
+                        buffer.copy_(trainer.strategy.reduce(buffer.clone(), reduce_op="mean"))
+        super().on_save_checkpoint(trainer, pl_module, checkpoint)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Not yet: a checkpoint saved as training ends (``last.ckpt`` when that step had none) must still hold the

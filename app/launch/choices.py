@@ -10,7 +10,7 @@ from typing import Any
 from app.launch.checks import data_class
 from core.batch import torchvision_adjusted
 from core.config import get
-from core.device import AUTO, auto_precision, describe, flag, on_cuda
+from core.device import AUTO, cuda_capability, describe, flag, on_cuda, precision_for, precision_reason
 from core.layout import layout_of
 from modules.classifier import COMPILE_CACHE
 
@@ -25,8 +25,9 @@ def resume_line(deterministic: Any) -> str:
     """What a resumed run reproduces on CUDA, with and without ``--trainer.deterministic true``."""
     if deterministic is True:
         return (
-            "resume       exact: deterministic kernels (trainer.deterministic true), so a run stopped and resumed "
-            "ends with the same weights as one never stopped"
+            "resume       exact: deterministic kernels (trainer.deterministic true), trainer.benchmark off (the "
+            "autotuner could pick other kernels after a resume), so a run stopped and resumed ends with the same "
+            "weights as one never stopped"
         )
     return (
         "resume       the same samples, order and augmentations, but not bit for bit: cuDNN picks non-deterministic "
@@ -43,7 +44,9 @@ def lines(
     trainer, out = config.trainer, []
     precision = trainer.get("precision")
     if precision == AUTO:
-        out.append(f"precision    {describe('trainer.precision', AUTO, auto_precision(cuda), cuda)}")
+        capability = cuda_capability(cuda)  # bf16 where the GPU computes it (core.device.precision_for)
+        note = precision_reason(capability) if capability else ""
+        out.append(f"precision    {describe('trainer.precision', AUTO, precision_for(capability), cuda, note)}")
     channels_last = get(config, "model", "channels_last", default=False)
     if cuda or channels_last is True or channels_last == AUTO:  # on CUDA each choice is said, elsewhere what is on
         memory = "channels_last (NHWC)" if flag(channels_last, cuda) else "NCHW"
@@ -92,10 +95,10 @@ def recipe_lines(config: Any, global_batch: int | None) -> list[str]:
         out.append(f"             {uses}")
     elif decay is not None:
         out += [f"ema          decay {decay:g} per update, every {every} step(s)", f"             {uses}"]
-    exempt = get(config, "model", "norm_bias_weight_decay")
-    if exempt is not None:
-        given = get(config, "model", "optimizer", "weight_decay", default=0)
-        out.append(
-            f"weight decay {given:g}; {exempt:g} on normalisation layers and biases (model.norm_bias_weight_decay)"
-        )
+    given = get(config, "model", "optimizer", "weight_decay", default=0)
+    groups = {"norm_weight_decay": "normalisation layers", "norm_bias_weight_decay": "normalisation layers and biases"}
+    for key, which in groups.items():
+        exempt = get(config, "model", key)
+        if exempt is not None:
+            out.append(f"weight decay {given:g}; {exempt:g} on {which} (model.{key})")
     return out

@@ -146,7 +146,7 @@ def test_the_table_says_why_batchnorm_differs_from_single_device(parity):
 @pytest.mark.parametrize("mode", MODERN_MODES)
 def test_the_modern_recipe_matches_single_device_on_the_average_and_the_training_weights(parity, mode):
     """configs/imagenet_modern.yaml (resnet18 at 32 px, repeated augmentation x4, TrivialAugment, random erasing,
-    mixup/cutmix, no decay on norm layers and biases, a warm-up epoch, the moving average every step) in float64 with
+    mixup/cutmix, no decay on norm layers, a warm-up epoch, the moving average every step) in float64 with
     SyncBatchNorm: 'vs single' is the average (what the run ends with), then its training weights. The average is
     stored in float32 (the module's dtype when Lightning's averaging callback copies it), hence 1e-7, not 1e-13."""
     facts = parity["scenarios"]["modern"]["modes"][mode]

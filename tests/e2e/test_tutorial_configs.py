@@ -67,8 +67,10 @@ def test_imagenet_modern_resolves_to_torchvisions_recipe_and_its_short_variant(c
     sgd = model["optimizer"]["init_args"]
     assert (sgd["lr"], sgd["momentum"], sgd["weight_decay"], model["lr_reference_batch_size"]) == (0.5, 0.9, 2e-5, 1024)
     assert model["lr_scheduler"]["class_path"] == "torch.optim.lr_scheduler.CosineAnnealingLR"
-    assert model["lr_scheduler"]["init_args"]["T_max"] == 600
-    assert (model["label_smoothing"], model["norm_bias_weight_decay"]) == (0.1, 0.0)
+    # torchvision's: the cosine over the 595 epochs after an epoch-wise warm-up from 1%; no decay on norm layers only
+    assert model["lr_scheduler"]["init_args"]["T_max"] == 595
+    assert (model["warmup_interval"], model["warmup_start_factor"]) == ("epoch", 0.01)
+    assert (model["label_smoothing"], model["norm_weight_decay"], model["norm_bias_weight_decay"]) == (0.1, 0.0, None)
     assert config["ema"] | {"decay": None} == {
         "decay": None, "torchvision_decay": 0.99998, "update_every_n_steps": 32, "update_starting_at_step": None
     }  # fmt: skip
@@ -82,7 +84,7 @@ def test_imagenet_modern_resolves_to_torchvisions_recipe_and_its_short_variant(c
     modern = yaml.safe_load((ROOT / "configs/imagenet_modern.yaml").read_text())
     assert "arch" not in modern["model"] and "precision" not in modern["trainer"]  # imagenet.yaml's, not restated
     short = resolved("configs/imagenet_modern_short.yaml", capsys)
-    assert (short["trainer"]["max_epochs"], short["model"]["lr_scheduler"]["init_args"]["T_max"]) == (100, 100)
+    assert (short["trainer"]["max_epochs"], short["model"]["lr_scheduler"]["init_args"]["T_max"]) == (100, 95)
     assert (short["data"]["init_args"]["image_size"], short["data"]["init_args"]["eval_image_size"]) == (160, 224)
     assert short["data"]["init_args"]["mixup_alpha"] == 0.2 and short["ema"]["torchvision_decay"] == 0.99998
 

@@ -306,3 +306,56 @@ def test_recipe_cost_smoke_measures_each_part_of_the_modern_recipe(tmp_path):
         if "mixing" not in name and "average" not in name
     )
     assert "Per step of 4 images" in (tmp_path / "recipe_cost_cpu_smoke.md").read_text()
+
+
+def test_imagenet_e2e_steps_never_wait_for_the_gpu(monkeypatch):
+    """The end-to-end bench's clock on CUDA (its events stood in for on the CPU): each training and evaluation step
+    records a mark and nothing synchronizes; one synchronize reads the marks when the fit is over, and the rates are
+    the images of the timed steps over the events' time."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from bench.imagenet_e2e import clock
+
+    syncs, times = [], iter(range(100))
+
+    class Event:  # a recorded CUDA event whose time is the order in which it was recorded (one second apart)
+        def __init__(self, enable_timing: bool) -> None:
+            assert enable_timing
+
+        def record(self) -> None:
+            assert not syncs, "a mark waited for the device"
+            self.at = next(times)
+
+        def elapsed_time(self, end: Event) -> float:
+            assert syncs, "read before the device finished"
+            return 1000.0 * (end.at - self.at)
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: syncs.append(a))
+    monkeypatch.setattr(torch.cuda, "utilization", lambda *a: 50)
+    watch, trainer, batch = clock("cuda", warmup=2), SimpleNamespace(train_dataloader=None), (None, [0] * 4)
+    watch.on_fit_start(trainer, None)
+    for i in range(6):
+        watch.on_train_batch_start(trainer, None, batch, i)
+        watch.on_train_batch_end(trainer, None, None, batch, i)
+    for i in range(5):
+        watch.on_validation_batch_start(trainer, None, batch, i)
+        watch.on_validation_batch_end(trainer, None, None, batch, i)
+    assert not syncs  # 11 steps, no synchronize
+    rates = watch.rates()
+    # marks: fit 0, first step 1, start 2, ends 3..6; evaluation start 7, ends 8, 9, 10
+    assert rates == {"seconds": 4.0, "img_per_s": 16 / 4, "eval_img_per_s": 12 / 3, "first_step_s": 1.0}
+    assert syncs and watch.utilisation == [50.0] * 4
+
+
+def test_imagenet_e2e_smoke_times_training_and_evaluation_on_1000_classes(tmp_path):
+    """The CPU smoke of one JPEG fit: a row with the training and the evaluation rates, over 1000 class folders."""
+    from bench.imagenet_e2e import main
+
+    results = main(["--smoke", "--no-restart", "--decoders", "cpu", "--out", str(tmp_path)])
+    rows = {r["input"]: r for r in results["rows"]}
+    assert set(rows) == {"synthetic", "JPEG files, decode cpu"} and not [r for r in rows.values() if "error" in r]
+    assert all(r["img_per_s"] > 0 and r["eval_img_per_s"] > 0 for r in rows.values())
+    assert "evaluation img/s" in (tmp_path / "imagenet_e2e_cpu_smoke.md").read_text()

@@ -335,7 +335,7 @@ def test_the_modern_recipe_states_its_average_mixing_sampler_and_weight_decay(co
         "mixing       mixup 0.2 or cutmix 1 per batch, on the device, each device's share of the batch mixed within "
         "itself", "sampler      repeated augmentation x4",
         "evaluate     resize 232, centre crop 224; training crops 176",
-        "weight decay 2e-05; 0 on normalisation layers and biases",
+        "weight decay 2e-05; 0 on normalisation layers (model.norm_weight_decay)",  # torchvision's: fc.bias decays
     ):  # fmt: skip
         assert line in text, (line, text)
     cpu = build(config_of(*modern, "--trainer.accelerator", "cpu", "--data.decode", "cpu"), launch=detect({}))

@@ -101,3 +101,48 @@ def test_fp16_true_with_adam_trains_and_says_it_raised_eps(mnist_dir, tmp_path):
     assert len(losses.seen) == 12 and all(map(torch.isfinite, torch.tensor(losses.seen)))
     assert sum(losses.seen[-3:]) / 3 < 0.8 * sum(losses.seen[:3]) / 3
     assert cli.model.optimizers().optimizer.param_groups[0]["eps"] == 1e-4
+
+
+@pytest.mark.parametrize(
+    ("capability", "expected"),
+    [(None, "32-true"), ((7, 0), "16-mixed"), ((7, 5), "16-mixed"), ((8, 0), "bf16-mixed"), ((8, 6), "bf16-mixed"),
+     ((9, 0), "bf16-mixed"), ((10, 0), "bf16-mixed")],
+)  # fmt: skip
+def test_precision_auto_takes_bf16_only_where_the_gpu_computes_it(capability, expected):
+    """V100 (sm70) and T4 (sm75) emulate bf16 (``torch.cuda.is_bf16_supported()`` says True there): fp16 mixed;
+    A100 (sm80) and newer: bf16 mixed; the reason is what the plan prints."""
+    from core.device import precision_for, precision_reason
+
+    assert precision_for(capability) == expected
+    reason = precision_reason(capability)
+    assert reason == "not on CUDA" if capability is None else ("emulates" in reason) == (expected == "16-mixed")
+
+
+def test_deterministic_turns_benchmark_off_and_says_so(tmp_path, caplog):
+    """configs/imagenet.yaml's ``benchmark: true`` under ``--trainer.deterministic true``: Lightning would keep it
+    (and warn); the app's Trainer turns it off in one line, and leaves it alone otherwise."""
+    from app.trainer import Trainer, resolve_benchmark
+
+    common = {"accelerator": "cpu", "logger": False, "default_root_dir": tmp_path, "enable_progress_bar": False}
+    for deterministic in (True, "warn"):
+        assert resolve_benchmark(True, deterministic) is False
+    trainer = Trainer(benchmark=True, deterministic=True, **common)
+    assert torch.backends.cudnn.benchmark is False
+    assert "trainer.benchmark off: trainer.deterministic is on" in caplog.text
+    assert resolve_benchmark(True, None) is True and resolve_benchmark(True, False) is True
+    assert resolve_benchmark(None, True) is None  # Lightning's own default under deterministic: off
+    torch.use_deterministic_algorithms(False)  # (the Trainer set it for the whole process)
+    del trainer
+
+
+def test_the_imagenet_recipe_under_deterministic_resolves_benchmark_off(tmp_path, caplog):
+    """The config path: configs/imagenet.yaml (benchmark: true) with --trainer.deterministic true."""
+    recipe = Path(__file__).resolve().parents[2] / "configs" / "imagenet.yaml"
+    args = ["--config", str(recipe), "--data.synthetic", "true", "--trainer.accelerator", "cpu", "--model.arch",
+            "resnet18", "--trainer.deterministic", "true", "--trainer.default_root_dir", str(tmp_path)]  # fmt: skip
+    try:
+        cli = main(args, run=False)
+        assert cli.trainer is not None and torch.backends.cudnn.benchmark is False  # (Lightning sets it from the flag)
+        assert "trainer.benchmark off: trainer.deterministic is on" in caplog.text
+    finally:
+        torch.use_deterministic_algorithms(False)

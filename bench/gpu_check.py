@@ -30,6 +30,7 @@ import argparse
 import json
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -380,7 +381,11 @@ def ddp_fit(ctx: Context) -> dict[str, Any]:
     name = "DDP, 2 processes" + (" (2 CPU processes, gloo: the wiring)" if CPU else " (2 GPUs, NCCL)")
     row = _subprocess_step(name, [sys.executable, "cli.py", *args], box(DDP_BOX_S))
     row["proves"] = "Lightning starts the second rank, DistributedSampler, a real all-reduce between 2 devices"
-    return row | {"config": "default (MNIST)" if mnist else "ImageNet synthetic (MNIST not in data/)"}
+    # the training summary's lines: what ran, as the run itself counted it
+    said = dict(re.findall(r"^(steps|world size|strategy|devices)\s{2,}(\S.*?)\s*$", row.get("output", ""), re.M))
+    if row["status"] == "passed" and (said.get("world size"), said.get("steps")) != ("2", "4"):
+        row |= {"status": "failed", "error": f"not 4 steps at world size 2: {said}"}
+    return row | {"facts": said, "config": "default (MNIST)" if mnist else "ImageNet synthetic (MNIST not in data/)"}
 
 
 def two_processes(ctx: Context) -> list[dict]:
@@ -391,8 +396,9 @@ def two_processes(ctx: Context) -> list[dict]:
     gpus = 0 if CPU else torch.cuda.device_count()
     pair = [{"step": f"{n} (2 processes)", "status": "skipped", "error": f"{gpus} GPUs: the DDP fit runs instead"}
             for n, _ in TWO_NODES] if gpus >= 2 else shared_device_pair(ctx)  # fmt: skip
-    ddp = ddp_fit(ctx) if CPU or gpus >= 2 else {"step": "DDP, 2 processes", "status": "skipped", "error": "1 GPU"}
-    return [*pair, ddp]
+    for row in pair:  # written now, before the DDP fit starts
+        ctx.add(row)
+    return [ddp_fit(ctx) if CPU or gpus >= 2 else {"step": "DDP, 2 processes", "status": "skipped", "error": "1 GPU"}]
 
 
 def photos_env() -> dict[str, str] | None:
@@ -694,7 +700,8 @@ def main(argv: list[str] | None = None) -> int:
         total = boxes["facts"][f"call {args.call}"]["total_s"]
         print(f"gpu-check {args.call}: {total} s of the {CALL_LIMIT_S} s call planned: the install ({INSTALL_BOX_S} "
               f"s at most), this start (~{STARTUP_S} s), then each box", flush=True)  # fmt: skip
-        steps = [*CALLS[args.call], *([("rehearsal", 300, rehearse_kill)] if CPU and args.call == "A" else [])]
+        rehearsal = [("rehearsal (CPU only: no GPU box)", 0, rehearse_kill)] if CPU and args.call == "A" else []
+        steps = [*CALLS[args.call], *rehearsal]
         for name, seconds, step in steps:
             cpu = f" (on the CPU: {box(seconds):.0f} s allowed)" if CPU else ""
             print(f"gpu-check {args.call}: box {name}: ~{seconds:.0f} s of the {CALL_LIMIT_S} s call{cpu}", flush=True)

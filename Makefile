@@ -122,7 +122,8 @@ clean:
 # x86_64) and the test photos the loader benchmark cuts its JPEGs from (the image has no scikit-image/scikit-learn/
 # matplotlib: the photos are taken out of those packages' wheels), and gzips data/MNIST/raw for the offline GPU node (read_idx
 # reads .gz). `make gpu-check CALL=A` then `CALL=B` (there) install them with --no-index into .gpu-site/ (at most
-# 40 s: bench/gpu_check.py's INSTALL_BOX_S) and run one prepared call each with the image's python.
+# 40 s: bench/gpu_check.py's INSTALL_BOX_S, counted in each call's 300 s; skipped when .gpu-site/ has them, as on a
+# machine still warm from call A) and run one prepared call each with the image's python.
 # GPU_CHECK_CPU=1 runs the same check on the CPU at tiny sizes (CI); GPU_CHECK_OUT=DIR picks where results go.
 GPU_WHEELS := .gpu-wheels
 GPU_SITE := .gpu-site
@@ -147,8 +148,10 @@ gpu-wheels:
 
 gpu-check:
 	@case "$(CALL)" in A|B) ;; *) echo "error: CALL=$(CALL): the prepared calls are CALL=A and CALL=B"; exit 2;; esac
-	@if ! $(GPU_PYTHON) -c "import jsonargparse, docstring_parser, typeshed_client, pytest, torchcodec, nvidia.nvimgcodec" 2>/dev/null; then \
+	@if ! PYTHONPATH=$(CURDIR)/$(GPU_SITE)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -c \
+		"import jsonargparse, docstring_parser, typeshed_client, pytest, torchcodec, nvidia.nvimgcodec" 2>/dev/null; then \
 		test -d $(GPU_WHEELS) || { echo "error: $(GPU_WHEELS)/ missing: run make gpu-wheels where there is network"; exit 1; }; \
+		echo "gpu-check $(CALL): box install: ~40 s of the 300 s call"; \
 		timeout 40 $(GPU_PYTHON) -m pip install -q --no-index --find-links $(GPU_WHEELS) --target $(GPU_SITE) \
 			$(GPU_NEEDS) || { echo "error: the offline install of $(GPU_NEEDS) into $(GPU_SITE) failed"; exit 1; }; \
 	fi

@@ -226,6 +226,22 @@ def test_gpu_check_steps_keep_the_inherited_pythonpath(monkeypatch, tmp_path):
     assert row["status"] == "passed" and "imported both" in row["output"], row
 
 
+def test_gpu_check_calls_fit_the_devices_300_s_with_margin_and_a_box_kills_its_whole_group():
+    """Each call's install, start and boxes add up to at most 270 of the 300 s the device gives a command; a step
+    whose box runs out takes its children with it (DDP's second rank outlived its parent before)."""
+    import time
+
+    from bench.gpu_check import CALL_LIMIT_S, MARGIN_S, _subprocess_step, time_boxes
+
+    boxes = time_boxes()
+    assert boxes["status"] == "passed" and CALL_LIMIT_S == 300, boxes
+    assert all(boxes["facts"][f"call {c}"]["total_s"] <= CALL_LIMIT_S - MARGIN_S for c in "AB")
+    child = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+    began = time.perf_counter()
+    row = _subprocess_step("hangs", [sys.executable, "-c", child + "print('up', flush=True); time.sleep(60)"], 3)
+    assert row["status"] == "timeout" and "up" in row["error"] and time.perf_counter() - began < 30, row
+
+
 @pytest.mark.slow  # a cli.py process
 def test_demo_smoke_runs_make_demos_command_and_reads_its_figures(tmp_path):
     from bench import demo

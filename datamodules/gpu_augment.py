@@ -82,7 +82,7 @@ def _sharpen(images: torch.Tensor, factor: torch.Tensor, kernel: torch.Tensor) -
     inner = images[..., 1:-1, 1:-1]
     sharpened = F.pad(inner * factor + blurred * (1.0 - factor), (1, 1, 1, 1))
     border = torch.ones_like(images[:1, :1])
-    border[..., 1:-1, 1:-1] = 0
+    border[..., 1:-1, 1:-1].fill_(0)  # fill_, not "= 0": that would copy a scalar tensor from the host
     return torch.where(border.bool(), images, sharpened).clamp(0, 255).floor()
 
 
@@ -90,7 +90,7 @@ def _autocontrast(images: torch.Tensor) -> torch.Tensor:
     """``autocontrast_image``: each channel stretched to 0..255 (a flat channel kept), truncated."""
     low, high = images.amin(dim=(-2, -1), keepdim=True), images.amax(dim=(-2, -1), keepdim=True)
     flat = high == low
-    scale = torch.where(flat, torch.ones_like(high), (high - low) / 255.0)
+    scale = torch.where(flat, torch.ones_like(high), (high - low) * (1.0 / 255.0))  # as torchvision: x 1/255
     return ((images - torch.where(flat, torch.zeros_like(low), low)) / scale).clamp(0, 255).floor()
 
 
@@ -105,7 +105,7 @@ class BatchAugment:
 
     def __init__(self, device: torch.device) -> None:
         kernel = torch.ones(3, 1, 3, 3, device=device)  # adjust_sharpness's smoothing kernel, made on the device
-        kernel[:, :, 1, 1] = 5.0
+        kernel[:, :, 1, 1].fill_(5.0)
         self.kernel = kernel / 13.0
 
     def __call__(self, images: torch.Tensor, op: torch.Tensor, magnitude: torch.Tensor) -> torch.Tensor:

@@ -275,6 +275,7 @@ def resize_batch(boxes: list[torch.Tensor], size: int, geometry: torch.Tensor, c
     return torch.einsum("ntw,nswc->nstc", cols, tall.view(len(boxes), size, pad_w, 3))
 
 
+JPEG = b"\xff\xd8"  # a JPEG's start-of-image marker
 NO_ENGINE = "this GPU has no JPEG engine (T4/A10/L40S class)"
 
 
@@ -292,7 +293,7 @@ def open_decoder(module: Any, device: torch.device, threads: int, hardware: bool
 def truncated(data: np.ndarray) -> bool:
     """A JPEG whose stream does not end with its end-of-image marker (trailing zeros aside): nvJPEG may decode it
     half and report success, so it goes to the CPU path, which reads it whole or calls it unreadable."""
-    if data[:2].tobytes() != b"\xff\xd8":
+    if data[:2].tobytes() != JPEG:
         return False
     end = np.flatnonzero(data[-64:])
     return end.size == 0 or data[-64:][: end[-1] + 1][-2:].tobytes() != b"\xff\xd9"
@@ -380,15 +381,15 @@ class BatchDecoder:
                 streams.append(None)
         return streams
 
-    def _decode_set(self, streams: list[Any], indices: list[int], halve: bool = True) -> dict[int, Any]:
+    def _decode_set(self, streams: list[Any], indices: list[int], raises: bool = False) -> dict[int, Any]:
         """nvImageCodec's images for ``indices`` (None: refused). A call that fails as a whole (it raises, or every
         image is None: nvJPEG's hardware backend fails its whole batch for one corrupt file) is made again in halves,
-        so a bad file costs only itself."""
+        so a bad file costs only itself; ``raises``: an error of this call is raised instead (the first batch's)."""
         stream = torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
         try:
             got = self.decoder.decode([streams[i] for i in indices], params=self.params, cuda_stream=stream)
         except RuntimeError:
-            if not halve:
+            if raises:
                 raise
             got = [None] * len(indices)
         if len(indices) > 1 and all(g is None for g in got):
@@ -407,12 +408,15 @@ class BatchDecoder:
         streams = self._streams(images, geometry)
         parsed = [i for i, s in enumerate(streams) if s is not None]
         try:
-            got = self._decode_set(streams, parsed, halve=not first) if parsed else {}
+            got = self._decode_set(streams, parsed, raises=first) if parsed else {}
         except RuntimeError as err:  # the first batch: the backend fails as a whole
             self._give_up(f"GPU decoding failed at its first batch ({type(err).__name__}: {str(err)[:200]})")
             return [None] * len(images)
-        if first and parsed and all(out is None for out in got.values()):
-            self._give_up(f"GPU decoding failed at its first batch (nvImageCodec decoded none of {len(parsed)} images)")
+        jpegs = [i for i in parsed if images[i][:2].tobytes() == JPEG]  # what the hardware decoder takes
+        if first and jpegs and all(got[i] is None for i in jpegs):  # even alone, after the halving: not a bad file
+            self._give_up(
+                f"GPU decoding failed at its first batch (nvImageCodec decoded none of its {len(jpegs)} JPEGs)"
+            )
             return [None] * len(images)
         return [got.get(i) for i in range(len(images))]
 

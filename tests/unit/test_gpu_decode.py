@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -41,6 +42,7 @@ from datamodules.gpu_decode import (
 )
 from datamodules.imagenet import ImageNetDataModule
 from datamodules.sources import choose_decoder, decoder_problem
+from modules.classifier import ImageClassifier
 from tests.conftest import ROOT
 from tests.unit.test_imagenet import photos  # noqa: F401  (the real-photo ImageFolder fixture)
 
@@ -227,7 +229,8 @@ def test_the_plan_finds_nvimgcodec_without_importing_it(photos):  # noqa: F811
         text = build(config, launch=detect({{}})).render()
         assert "GPU decoding if the JPEG engine answers at the first batch" in text, text
         for decode in ("auto", "gpu"):
-            lines = ImageNetDataModule.plan_lines({{"data_dir": {str(photos)!r}, "decode": decode}}, cuda=True)
+            (line, *_) = ImageNetDataModule.plan_lines({{"data_dir": {str(photos)!r}, "decode": decode}}, cuda=True)
+            assert line.startswith("decode       gpu: nvImageCodec"), line
             assert decoder_problem(*choose_decoder(decode, True), True) is None
         print("imported:", [name for name in sys.modules if "nvimgcodec" in name])
     """
@@ -357,3 +360,83 @@ def test_decoder_threads_are_this_processes_cores_less_its_loader_workers(photos
     dm.num_workers = 7
     dm.setup("validate")
     assert dm.decode_threads == 1  # never 0: nvImageCodec would start one thread per core
+
+
+class Batches(pl.Callback):
+    """The batches the training steps get (after the device stage)."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.seen.append((batch[0].detach().clone(), batch[1].clone()))
+
+
+def _fit(data_dir: Path, root: Path, opener=None) -> tuple[list, list[str]]:
+    """A real fit of 3 steps (18 photos, batch 6) and one validation batch under data.decode gpu; the batches trained
+    on and the warnings said."""
+    dm = ImageNetDataModule(str(data_dir), batch_size=6, num_workers=0, image_size=32, decode="gpu")
+    if opener is not None:
+        dm.decoder_opener = opener
+    torch.manual_seed(0)
+    model = ImageClassifier(arch="resnet18", num_classes=dm.num_classes, in_channels=3)
+    batches = Batches()
+    trainer = pl.Trainer(
+        accelerator="cpu", max_epochs=1, limit_val_batches=1, num_sanity_val_steps=0, callbacks=[batches],
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        default_root_dir=root,
+    )  # fmt: skip
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        trainer.fit(model, datamodule=dm)
+    assert trainer.global_step == 3
+    return batches.seen, [str(w.message) for w in said]
+
+
+def test_gpu_decoding_that_fails_at_its_first_batch_continues_on_the_cpu(photos, tmp_path):  # noqa: F811
+    """The first-run guard: no decoder can be made (nvImageCodec raises) in a real fit: the run says so in one line
+    and trains on the same batches, decoded on the CPU (the first one too), to the end."""
+    tries = []
+
+    def failing(module, device, threads, hardware):
+        tries.append(hardware)
+        raise RuntimeError("Could not create decoder. Code: 7")
+
+    guarded, said = _fit(photos, tmp_path / "guarded", failing)
+    lines = [line for line in said if "continuing with CPU decoding" in line]
+    assert lines == [
+        "GPU decoding failed at its first batch: no decoder (Could not create decoder. Code: 7); continuing with CPU "
+        "decoding in the training process (--data.decode cpu decodes in the loader workers, faster)"
+    ], said
+    assert tries == [True, False]  # the hardware decoder, then any decoder; once for the run (validation included)
+    reference, _ = _fit(photos, tmp_path / "reference")
+    assert len(guarded) == len(reference) == 3
+    for (x, y), (x_ref, y_ref) in zip(guarded, reference, strict=True):
+        assert torch.equal(y, y_ref) and x.shape == x_ref.shape == (6, 3, 32, 32)  # nothing lost
+        assert ((x - x_ref).abs() * 255 * min(STD)).mean() < 3  # PIL / TorchCodec against nvImageCodec's CPU backend
+
+
+def test_auto_without_a_jpeg_engine_says_so_and_decodes_on_the_cpu(photos):  # noqa: F811
+    def no_engine(module, device, threads, hardware):
+        raise RuntimeError("Could not create decoder. Code: 7")  # what nvImageCodec says on a GPU without NVJPG
+
+    batch = _val_batch(photos, 9)
+    decoder = BatchDecoder(torch.device("cpu"), hardware_only=True, opener=no_engine)
+    with pytest.warns(UserWarning, match=r"^decode cpu: this GPU has no JPEG engine \(T4/A10/L40S class\): no hardwa"):
+        images, labels = decoder(batch)
+    assert decoder.decoder is None and decoder.fallbacks == [] and len(images) == len(labels) == 9
+    expected, _ = BatchDecoder(torch.device("cpu"))(batch)
+    assert ((images - expected).abs() * 255 * min(STD)).mean() < 3
+
+
+def test_a_backend_that_decodes_nothing_at_the_first_batch_is_given_up(photos):  # noqa: F811
+    batch = _val_batch(photos, 9)
+    shapes = {Image.open(name).size[::-1] for name in batch.names}
+
+    def silent(module, device, threads, hardware):  # every image refused, alone too
+        return HardwareStandIn(open_decoder(module, device, threads, hardware), shapes)
+
+    decoder = BatchDecoder(torch.device("cpu"), opener=silent)
+    with pytest.warns(UserWarning, match=r"first batch \(nvImageCodec decoded none of its 9 JPEGs\); continuing with"):
+        images, _ = decoder(batch)
+    assert decoder.decoder is None and decoder.fallbacks == [] and len(images) == 9

@@ -6,13 +6,16 @@ from the generators :class:`~datamodules.resumable.SeededDataset` seeds per samp
 and a mid-epoch resume are those of ``--data.decode cpu``. What crosses from a worker is the batch's bytes in one
 buffer (~50 KB per ImageNet photo instead of 600 KB of float pixels). The training process then (:class:`BatchDecoder`):
 
-1. decodes the whole batch in one nvImageCodec call, each image only within its box (region-of-interest decoding);
-   on a GPU its hardware JPEG decoder (A100, H100, H200) or CUDA nvJPEG, on a CPU device its CPU backend (the same
-   code, which the CI runs);
+1. decodes the whole batch in one nvImageCodec call, each image only within its box (region-of-interest decoding),
+   on a side CUDA stream that overlaps the step in flight (:func:`on_side_stream`): on a GPU with its hardware JPEG
+   decoder (A100, H100, H200; ``decode gpu`` takes nvJPEG's CUDA backend where there is none, ``auto`` the CPU), on
+   a CPU device its CPU backend (the same code, which the CI runs);
 2. decodes on the CPU (TorchCodec, then PIL) the few images nvImageCodec refuses (a GIF named .jpg, a format it
-   lacks), one by one, counted (``fallbacks``);
-3. resizes every box to the output size, flips and normalises the whole batch at once (:func:`resize_batch`) and
-   returns it channels-last in the precision's input dtype.
+   lacks, a JPEG cut short, a corrupt file, found by halving a batch the hardware fails whole), one by one, counted
+   (``fallbacks``); if nothing can decode at the first batch, everything from then on (the first-run guard);
+3. resizes every box to the output size, flips, applies the drawn augmentations batched per operation
+   (:mod:`datamodules.gpu_augment`) and normalises the whole batch at once (:func:`resize_batch`) and returns it
+   channels-last in the precision's input dtype.
 
 Why :func:`resize_batch` is written here: the boxes differ in size, and torch's ``interpolate`` takes one size per
 call (a loop over 256 images is 256+ kernel launches per batch, the cost this path removes); nvImageCodec decodes but
@@ -20,9 +23,10 @@ does not resize. A separable antialiased bilinear resize is two matrix products 
 those of torch's own ``antialias=True`` kernel (PIL's triangle filter), so the result equals ``resized_crop`` within
 float rounding (``tests/unit/test_gpu_decode.py``).
 
-nvImageCodec prints load errors for the nvJPEG2000 and nvTIFF libraries it finds missing when it is imported, and
-logs every image it cannot decode: :func:`nvimgcodec` imports it with its log off and that output kept, which says
-whether its GPU decoders can load (nvJPEG found).
+nvImageCodec is found without importing it (:func:`installed`): its import loads nvJPEG, whose handle lands on the
+current device, so it is imported at the first batch, once Lightning has set the rank's device. It prints load errors
+for the nvJPEG2000 and nvTIFF libraries it finds missing, and logs every image it cannot decode: :func:`nvimgcodec`
+imports it with its log off and that output kept.
 """
 
 from __future__ import annotations
@@ -448,9 +452,11 @@ class BatchDecoder:
         images = [batch.image(i) for i in range(len(batch))]
         decoded = self._decode_all(images, geometry)
         refused = [i for i, out in enumerate(decoded) if out is None]
-        with ThreadPoolExecutor(min(self.threads, max(len(refused), 1))) as pool:  # PIL and TorchCodec free the GIL
-            on_cpu = dict(zip(refused, pool.map(self._on_the_cpu, [images[i] for i in refused],
-                                                [geometry[i] for i in refused]), strict=True))  # fmt: skip
+        on_cpu: dict[int, torch.Tensor | Exception] = {}
+        if refused:
+            with ThreadPoolExecutor(min(self.threads, len(refused))) as pool:  # PIL and TorchCodec free the GIL
+                done = pool.map(self._on_the_cpu, [images[i] for i in refused], [geometry[i] for i in refused])
+                on_cpu = dict(zip(refused, done, strict=True))
         boxes, kept = [], []
         for index, out in enumerate(decoded):
             box = self._tensor(out, geometry[index]) if out is not None else on_cpu[index]

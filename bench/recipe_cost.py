@@ -8,7 +8,7 @@ process, the two alternating round by round (a change in load hits both alike; t
    decoding path on CUDA normalises on the device); under GPU decoding a worker only reads and draws: the same two
    recipes' draws (header, crop box, flip; + TrivialAugment's operation and the erasing box);
 2. GPU decoding's part in the training process (:class:`datamodules.gpu_decode.BatchDecoder`): one batch decoded,
-   resized and normalised, classic against modern (TrivialAugment applied image by image on the device, the erasing
+   resized and normalised, classic against modern (TrivialAugment batched per operation on the device, the erasing
    in one write for the batch), synchronised;
 3. the mixing of a batch (:class:`datamodules.augment.BatchMixer`: MixUp or CutMix) on the device;
 4. the moving average's update of ResNet-50's weights and buffers (every 32 steps in the recipe: a step pays 1/32).

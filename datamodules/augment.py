@@ -185,8 +185,8 @@ def recipe_lines(init_args: Any, decoder: str | None = None) -> list[str]:
                              (f"random erasing {init_args.get('random_erasing')}", init_args.get("random_erasing")))
              if on]  # fmt: skip
     if named and decoder is not None:
-        where = "applied on the device after decoding, image by image (data.decode gpu)" if decoder == "gpu" else (
-            "applied there")  # fmt: skip
+        batched = "applied on the device after decoding, batched per operation (data.decode gpu)"
+        where = batched if decoder == "gpu" else "applied there"
         lines.append(f"augment      {', '.join(named)} per image: drawn in the loader workers (per sample), {where}")
     lines += mixing_lines(init_args)
     repeats = init_args.get("repeated_augmentation") or 1

@@ -38,7 +38,7 @@ from core.device import Auto, describe, flag
 from core.env import Launch, detect
 from core.layout import layout_of
 from datamodules.augment import MEAN, MIXING_RANGES, STD, BatchMixer, mixing_lines, range_problems
-from datamodules.gpu_decode import BatchDecoder, EncodedBatch, input_dtype
+from datamodules.gpu_decode import BatchDecoder, EncodedBatch, input_dtype, on_side_stream, open_decoder
 from datamodules.resident import ResidentTensors, quiet_the_worker_hint, whole_batch
 from datamodules.resumable import ResumableLoader, ResumableSampler, SeededDataset, ignore_sigint
 
@@ -186,6 +186,8 @@ class ImageDataModule(LightningDataModule):
         self.mixup_alpha, self.cutmix_alpha = mixup_alpha, cutmix_alpha
         self.mixer: BatchMixer | None = None  # made with the training loader (it needs the run's seed)
         self._batch_decoder: BatchDecoder | None = None  # made on the first encoded batch, on this rank's device
+        self._decode_stream: Any = None  # the CUDA stream it decodes on, beside the training stream
+        self.decode_threads = 1  # CPU threads the decoding may use in this process: set in setup()
         self.skipped: list[str] = []  # unreadable images left out of their batches
 
     # core.datamodule.ImageData's defaults; a subclass sets num_classes and in_channels, and overrides what differs
@@ -198,6 +200,8 @@ class ImageDataModule(LightningDataModule):
     train_seed = 0  # the training sampler's seed (the run's), known once the training loader exists
     mean, std = MEAN, STD  # per channel, of values 0..1: what normalising on the device subtracts and divides by
     skip_unreadable = False  # the device stage's GPU decoder leaves unreadable images out instead of stopping
+    decode_hardware_only = False  # data.decode auto: the GPU decodes only with a hardware JPEG decoder, else the CPU
+    decoder_opener = staticmethod(open_decoder)  # makes nvImageCodec's decoder (BatchDecoder's opener)
 
     @classmethod
     def config_problems(cls, init_args: Any) -> list[str]:
@@ -236,6 +240,9 @@ class ImageDataModule(LightningDataModule):
                 f"data.num_workers auto: {self.num_workers} loader worker(s) per process ({cpus} CPUs on this node "
                 f"// {processes} training process(es), minus 1 each for the training loop)"
             )
+        # what the GPU decoder's threads may use: this process's share of the node, less its loader workers (0
+        # would start one thread per core in every process)
+        self.decode_threads = max(cpus // processes - self.num_workers, 1)
         if trainer is None:
             return
         self.batch_plan = resolve_batch(
@@ -335,9 +342,19 @@ class ImageDataModule(LightningDataModule):
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         if not isinstance(batch, EncodedBatch):
             return batch
-        if self._batch_decoder is None:  # made on first use, on this rank's device
-            self._batch_decoder = BatchDecoder(self._device(), skip_unreadable=self.skip_unreadable)
-        images, labels = self._batch_decoder(batch, self._input_dtype())
+        device = self._device()
+        if self._batch_decoder is None:  # made on first use, on this rank's device (Lightning has set it by now)
+            self._batch_decoder = BatchDecoder(
+                device, self.skip_unreadable, self.decode_threads, self.decode_hardware_only, self.decoder_opener
+            )
+        decode = functools.partial(self._batch_decoder, batch, self._input_dtype())
+        if device.type == "cuda":
+            if self._decode_stream is None:  # waits once for the decoder's constants, made on the training stream
+                self._decode_stream = torch.cuda.Stream(device)
+                self._decode_stream.wait_stream(torch.cuda.current_stream(device))
+            images, labels = on_side_stream(decode, self._decode_stream, torch.cuda.current_stream(device), torch.cuda)
+        else:
+            images, labels = decode()
         return (images, labels, batch.skipped) if batch.skipped else (images, labels)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:

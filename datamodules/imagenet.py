@@ -248,6 +248,7 @@ class ImageNetDataModule(ImageDataModule):
         """``data.decode`` on this rank's device (``auto``); ``gpu`` needs nvImageCodec."""
         cuda = self._device().type == "cuda"
         self.decoder, why = choose_decoder(self.hparams.decode, cuda)
+        self.decode_hardware_only = self.hparams.decode == AUTO  # auto: the JPEG engine, else the CPU decodes
         if problem := decoder_problem(self.decoder, why, cuda):
             raise ImageNetDataError(problem)
 

@@ -22,7 +22,7 @@ from torchvision.datasets import ImageFolder
 
 from core.device import AUTO
 from datamodules.decode import Decoder, UnreadableImageError, _Skipped, decode_for, read
-from datamodules.gpu_decode import EncodedBatch, draw, gpu_decoding, nvimgcodec
+from datamodules.gpu_decode import EncodedBatch, draw, gpu_decoding, installed, pip_package
 
 SKIP_HINT = "pass --data.skip_unreadable true to skip unreadable images"
 FOLDER_FIX = f"Replace or delete the file, or {SKIP_HINT} (they are counted and reported)."
@@ -97,20 +97,22 @@ def choose_decoder(decode: str, cuda: bool) -> tuple[Decoder, str]:
 
 def decoder_problem(decoder: Decoder, why: str, cuda: bool) -> str | None:
     """Why ``decoder`` cannot run here (``gpu`` needs nvImageCodec, and on CUDA its nvJPEG), with the fix; None: it
-    can."""
+    can. Asked without importing nvImageCodec (:func:`~datamodules.gpu_decode.installed`)."""
     if decoder != "gpu":
         return None
+    fix = "or --data.decode cpu (TorchCodec, portable)."
+    if installed() is None:
+        return f"{why}: nvImageCodec not installed: pip install {pip_package()}; {fix}"
     usable, problem = gpu_decoding(True)  # on CUDA its GPU decoders need nvJPEG; elsewhere its CPU backend
-    if nvimgcodec()[0] is None or (cuda and not usable):
-        return f"{why}: {problem}; or --data.decode cpu (TorchCodec, portable)."
+    if cuda and not usable:
+        return f"{why}: {problem}; {fix}"
     return None
 
 
 def decode_line(decoder: Decoder, why: str, cuda: bool) -> str:
     """The plan's line for the decoder: which library decodes, where, and why this one."""
     if decoder == "gpu":
-        module = nvimgcodec()[0]
-        version = module.__version__ if module else "(not installed)"
+        version = installed() or "(not installed)"
         where = "the training device" if cuda else "the CPU (its CPU backend)"
         reads = "the loader workers read bytes, draw the crops"
         return f"decode       gpu: nvImageCodec {version} on {where}; {reads} ({why})"

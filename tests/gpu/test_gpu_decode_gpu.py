@@ -33,6 +33,8 @@ def _batches(data_dir, decode: str, precision: str = "32-true", **kwargs) -> tup
 def test_auto_decodes_on_the_gpu_the_cpu_paths_crops_in_bf16_channels_last(photos):  # noqa: F811
     gpu_dm, gpu = _batches(photos, "auto", "bf16-mixed")
     assert gpu_dm.decoder == "gpu" and gpu_dm.normalizes_on_device
+    decoder = gpu_dm._batch_decoder  # the JPEG engine answered: a hardware-only decoder, nvImageCodec imported then
+    assert decoder.decoder is not None and decoder.said is None and decoder.fallbacks == []
     _, cpu = _batches(photos, "cpu", "bf16-mixed")
     for (x_gpu, y_gpu), (x_cpu, y_cpu) in zip(gpu, cpu, strict=True):
         assert x_gpu.device.type == "cuda" and x_gpu.dtype == torch.bfloat16
@@ -84,3 +86,29 @@ def test_the_modern_recipes_trivial_augment_and_erasing_run_on_the_gpu_as_drawn_
         assert x_gpu.device.type == "cuda" and torch.equal(y_gpu.cpu(), y_cpu.cpu())
         levels = (x_gpu.float().cpu() - x_cpu.float().cpu()).abs() * 255 * max(STD)
         assert levels.mean() < 3 and (levels > 16).float().mean() < 0.02, levels.mean()
+
+
+@run_if(cuda=1)
+def test_a_batch_is_decoded_on_its_own_stream_and_the_training_stream_waits_for_it(photos):  # noqa: F811
+    """Decoded on the side stream while the training stream is busy (matrix products queued): the batch the training
+    stream reads is the one decoded with nothing queued."""
+
+    def decoded(busy: bool) -> tuple[ImageNetDataModule, torch.Tensor]:
+        trainer = pl.Trainer(accelerator="cuda", devices=1, logger=False)
+        dm = ImageNetDataModule(str(photos), batch_size=6, num_workers=0, image_size=SIZE, decode="gpu")
+        dm.trainer = trainer
+        dm.setup("fit")
+        first, second = list(dm.train_dataloader())[:2]
+        dm.on_before_batch_transfer(first, 0)
+        if busy:
+            work = torch.randn(4096, 4096, device="cuda")
+            for _ in range(20):
+                work = (work @ work).clamp_(-1, 1)
+        images, _ = dm.on_before_batch_transfer(second, 0)
+        return dm, images.float().clone()
+
+    dm, images = decoded(busy=True)
+    assert dm._decode_stream is not None and dm._decode_stream != torch.cuda.current_stream()
+    torch.cuda.synchronize()
+    # a read before the decoding ended would differ wholesale; cuBLAS may round the resize's products differently
+    assert torch.allclose(images, decoded(busy=False)[1], atol=1e-2)

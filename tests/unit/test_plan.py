@@ -331,7 +331,7 @@ def test_the_modern_recipe_states_its_average_mixing_sampler_and_weight_decay(co
         "600 epochs, restarted at each update of the 5 warm-up epochs",
         "validation, the best checkpoint and a test after fit use the average",
         "augment      TrivialAugmentWide, random erasing 0.1 per image: drawn in the loader workers (per sample), "
-        "applied on the device after decoding, image by image (data.decode gpu)",
+        "applied on the device after decoding, batched per operation (data.decode gpu)",
         "mixing       mixup 0.2 or cutmix 1 per batch, on the device, each device's share of the batch mixed within "
         "itself", "sampler      repeated augmentation x4",
         "evaluate     resize 232, centre crop 224; training crops 176",

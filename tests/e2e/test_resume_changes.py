@@ -38,7 +38,7 @@ def state(path: Path) -> dict:
 def test_a_damaged_last_checkpoint_falls_back_to_the_one_before_and_ends_as_if_nothing_happened(mnist_dir, tmp_path):
     """One byte of the newest checkpoint flipped on disk: torch alone would load it, damaged weights and all; its
     SHA-256 no longer matches, so the resume takes the one before. (A truncated file without a checksum:
-    tests/unit/test_checkpoint_resolution.py.)"""
+    tests/unit/test_checkpoint_resume.py.)"""
     root = tmp_path / "run"
     fit(root, mnist_dir, 4)  # saves at steps 2 and 4: last.ckpt (4) keeps the one before as last.previous.ckpt (2)
     last, previous = last_of(root), last_of(root).with_name("last.previous.ckpt")

@@ -135,3 +135,12 @@ def test_every_gpu_figure_says_when_where_and_on_what_it_was_measured():
     assert not undated_gpu_figures({"x": f"One H200 trains 4,564 img/s {tag}. ResNet-50 images/s on a GPU."})
     assert undated_gpu_figures({"x": "| GPU | images/s |\n|---|---|\n| NVIDIA H200 | 4,564 |"})
     assert not undated_gpu_figures({"x": f"| GPU | images/s |\n|---|---|\n| NVIDIA H200 | 4,564 {tag} |"})
+
+
+def test_the_cluster_tutorials_quoted_plan_has_the_recipes_batch():
+    """The plan quoted under the tutorial's torchrun command (2 processes, the default recipe) is what the app prints
+    for it (it once said 128 per device while the recipe loads 256); the page's block itself runs in
+    tests/e2e/test_docs_commands.py."""
+    per_device = yaml.safe_load((ROOT / "configs" / "mnist.yaml").read_text())["data"]["init_args"]["batch_size"]
+    page = (DOCS / "tutorial" / "cluster.md").read_text()
+    assert "--nproc_per_node 2" in page and f"batch        {per_device} per device, global {2 * per_device}\n" in page

@@ -4,10 +4,12 @@
 when a committed file differs. The checkout's folder is written as ``/home/ada/dptrain`` (a user's checkout), so the
 file does not depend on where it was rendered.
 
-- ``docs/snippets/resnet50_2x4.sbatch``: the SLURM recipe's script, what ``python -m tools.slurm submit SUBMIT
+- ``docs/snippets/resnet50_2x8.sbatch``: the SLURM recipe's script, what ``python -m tools.slurm submit SUBMIT
   --dry-run -- COMMAND`` prints (:data:`SUBMIT`, :data:`COMMAND`: the page shows the same command).
 - ``docs/snippets/resnet50_epoch.md``: ImageNet's time per epoch on each GPU kind measured, from the ResNet-50
-  images/s of ``bench/results/gpu_*.json`` (``python -m bench.gpu``) in the recipe's precision and memory format.
+  images/s of ``bench/results/gpu_*.json`` (``python -m bench.gpu``) in the recipe's precision and memory format,
+  with the date, commit, torch and GPU of the measurement (``tests/unit/test_docs.py`` requires them by every GPU
+  figure).
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CHECKOUT = "/home/ada/dptrain"  # how the pages name the user's checkout
 IMAGENET_TRAIN_IMAGES = 1_281_167  # ILSVRC2012's training set
-GPUS = 8  # the recipe's 2 nodes x 4 GPUs
+# The code each GPU results file was measured with, where the file records no commit of its own: `make gpu-check`
+# ran on 2026-12-04 11:15-11:19 UTC at 7458fc7 (its call A failed twice; the fixes are c971793, the results 78aa04f).
+MEASURED_AT = {"gpu_2026-12-04_NVIDIA-H200.json": "7458fc7"}
 
 SUBMIT = [
-    "--nodes", "2", "--gpus-per-node", "4", "--time", "24:00:00", "--partition", "gpu", "--sbatch", "mem=200G",
+    "--nodes", "2", "--gpus-per-node", "8", "--time", "24:00:00", "--partition", "gpu", "--sbatch", "mem=200G",
     "--setup", "module load cuda", "--setup", "export WANDB_MODE=offline", "--dry-run",
 ]  # fmt: skip
 COMMAND = [
@@ -45,28 +49,29 @@ def render(submit: list[str], command: list[str]) -> str:
 
 
 def epoch_table(results: Path = ROOT / "bench" / "results") -> str:
-    """One row per GPU kind measured: ResNet-50 images/s per GPU and the ImageNet epoch it gives on 1 and 8 GPUs."""
+    """One row per GPU kind measured: ResNet-50 images/s on one GPU, the ImageNet epoch at that rate, and when, at
+    which commit, with which torch it was measured."""
     rows = [
-        "| GPU (measured) | ResNet-50 images/s per GPU | an ImageNet epoch on 1 GPU | on 8 GPUs (x8: scaling not "
-        "measured) | measured with |",
-        "|---|---|---|---|---|",
+        "| GPU | ResNet-50 images/s | an ImageNet epoch on 1 GPU at that rate | measured (date, commit, torch, GPU) |",
+        "|---|---|---|---|",
     ]
     for path in sorted(p for p in results.glob("gpu_*_*.json") if "_smoke" not in p.name):
         run = json.loads(path.read_text())
         row = next((r for r in run["throughput"] if r["config"] == RECIPE_CONFIG), None)
         if row is None:
             continue
-        one = IMAGENET_TRAIN_IMAGES / row["img_per_s"]
-        settings = run["settings"]
+        machine, settings = run["machine"], run["settings"]
+        commit = machine.get("commit") or MEASURED_AT[path.name]
         rows.append(
-            f"| {run['machine']['gpu']} | {row['img_per_s']:,.0f} | {one / 60:.1f} min | {one / GPUS:.0f} s | "
+            f"| {machine['gpu']} | {row['img_per_s']:,.0f} | {IMAGENET_TRAIN_IMAGES / row['img_per_s'] / 60:.1f} min | "
+            f"({machine['date'][:10]}, commit {commit[:7]}, torch {machine['torch']}, {machine['gpu']}) "
             f"{RECIPE_CONFIG}, a synthetic batch of {settings['batch_size']} on the GPU: `bench/results/{path.name}` |"
         )
     return "\n".join(rows) + "\n"
 
 
 SNIPPETS: dict[str, Callable[[], str]] = {
-    "docs/snippets/resnet50_2x4.sbatch": lambda: render(SUBMIT, COMMAND),
+    "docs/snippets/resnet50_2x8.sbatch": lambda: render(SUBMIT, COMMAND),
     "docs/snippets/resnet50_epoch.md": epoch_table,
 }
 

@@ -93,3 +93,54 @@ def test_no_page_states_a_gpu_status_of_its_own():
     texts |= {f"docs/{p.relative_to(DOCS)}": p.read_text() for p in DOCS.rglob("*.md") if p != STATUS}
     own = {path: found.group(0) for path, text in texts.items() if (found := OWN_STATUS.search(text))}
     assert not own, f"pages that state a GPU status of their own (include the snippet instead): {own}"
+
+
+# A GPU figure: a sentence that names a GPU and gives a rate in images/s, or a table row that names a GPU and has a
+# number under a header in images/s. It carries its measurement's tag in the same sentence or row: "(YYYY-MM-DD,
+# commit abcdef1, ..., torch X.Y...", the GPU being named already (docs/snippets/resnet50_epoch.md's rows get theirs
+# from tools/docs_snippets.py).
+GPU = re.compile(r"\b(?:[ABHL]\d{2,3}|GPUs?)\b")
+RATE = re.compile(r"(?<![\w-])\d[\d,.]*\s*(?:img/s|images/s|images per second)")
+UNIT = re.compile(r"img/s|images/s|images per second")
+TAG = re.compile(r"\d{4}-\d{2}-\d{2}, commit [0-9a-f]{7,40}\b[^.]{0,60}?torch \d+\.\d+")
+
+
+def gpu_figures(text: str) -> list[str]:
+    """A page's GPU figures: its prose sentences and table rows that name a GPU and give a rate (code blocks left
+    out)."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    found = []
+    for block in re.split(r"\n\s*\n", text):
+        lines = block.strip().splitlines()
+        rows = [line for line in lines if line.startswith("|")]
+        for row in rows[2:]:
+            if GPU.search(row) and (RATE.search(row) or (UNIT.search(rows[0]) and re.search(r"\d", row))):
+                found.append(row)
+        prose = " ".join(line for line in lines if not line.startswith("|"))
+        found += [s for s in re.split(r"(?<=[.!?])\s+(?=[A-Z\[(`*])", prose) if GPU.search(s) and RATE.search(s)]
+    return found
+
+
+def undated_gpu_figures(texts: dict[str, str]) -> list[str]:
+    return [f"{path}: {f[:160]}" for path, text in texts.items() for f in gpu_figures(text) if not TAG.search(f)]
+
+
+def test_every_gpu_figure_says_when_where_and_on_what_it_was_measured():
+    texts = {"README.md": (ROOT / "README.md").read_text()}
+    texts |= {f"docs/{p.relative_to(DOCS)}": p.read_text() for p in sorted(DOCS.rglob("*.md"))}
+    undated = undated_gpu_figures(texts)
+    assert not undated, f"GPU figures without (date, commit, torch) of their results file: {undated}"
+    tag = "(2026-12-04, commit 7458fc7, torch 2.11.0+cu130, NVIDIA H200)"
+    assert undated_gpu_figures({"x": "One H200 trains 4,564 img/s. Fine."})
+    assert not undated_gpu_figures({"x": f"One H200 trains 4,564 img/s {tag}. ResNet-50 images/s on a GPU."})
+    assert undated_gpu_figures({"x": "| GPU | images/s |\n|---|---|\n| NVIDIA H200 | 4,564 |"})
+    assert not undated_gpu_figures({"x": f"| GPU | images/s |\n|---|---|\n| NVIDIA H200 | 4,564 {tag} |"})
+
+
+def test_the_cluster_tutorials_quoted_plan_has_the_recipes_batch():
+    """The plan quoted under the tutorial's torchrun command (2 processes, the default recipe) is what the app prints
+    for it (it once said 128 per device while the recipe loads 256); the page's block itself runs in
+    tests/e2e/test_docs_commands.py."""
+    per_device = yaml.safe_load((ROOT / "configs" / "mnist.yaml").read_text())["data"]["init_args"]["batch_size"]
+    page = (DOCS / "tutorial" / "cluster.md").read_text()
+    assert "--nproc_per_node 2" in page and f"batch        {per_device} per device, global {2 * per_device}\n" in page

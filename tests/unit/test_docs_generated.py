@@ -2,7 +2,7 @@
 
 - The options reference (``docs/reference/cli.md``, its ``<!-- cli-options -->`` line filled at build time by
   ``tools/docs_hooks.py``) names every option that ``python cli.py fit --help`` prints.
-- The SLURM recipe's sbatch script (``docs/snippets/resnet50_2x4.sbatch``) is what ``python -m tools.slurm submit
+- The SLURM recipe's sbatch script (``docs/snippets/resnet50_2x8.sbatch``) is what ``python -m tools.slurm submit
   ... --dry-run`` prints today, and its page shows that command; the time per ImageNet epoch
   (``docs/snippets/resnet50_epoch.md``) is computed from the committed GPU results (``python -m tools.docs_snippets``
   rewrites both).
@@ -55,8 +55,8 @@ def test_the_committed_snippets_are_what_the_app_and_the_results_render_today():
     for path, make in SNIPPETS.items():
         committed = (ROOT / path).read_text()
         assert committed == make(), f"{path} differs from what it renders today: run python -m tools.docs_snippets"
-    sbatch = (ROOT / "docs" / "snippets" / "resnet50_2x4.sbatch").read_text()
-    assert "#SBATCH --requeue" in sbatch and "--trainer.num_nodes 2 --trainer.devices 4" in sbatch
+    sbatch = (ROOT / "docs" / "snippets" / "resnet50_2x8.sbatch").read_text()
+    assert "#SBATCH --requeue" in sbatch and "--trainer.num_nodes 2 --trainer.devices 8" in sbatch
     assert "#SBATCH --mem=200G" in sbatch and "export WANDB_MODE=offline" in sbatch
     assert "--launch.max_restarts 3" in sbatch and "scontrol requeue" in sbatch  # a fault requeues the job
     assert "| NVIDIA H200 | 4,564 |" in (ROOT / "docs" / "snippets" / "resnet50_epoch.md").read_text()

@@ -109,6 +109,14 @@ class Launch:
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @property
+    def slurm_requeue_id(self) -> str | None:
+        """What ``scontrol requeue`` takes for this job: ``ARRAYJOB_TASK`` for a task of an array, whose own job id may
+        be the array's (one task's id is; ``scontrol`` takes it for every task of the array), else ``slurm_job``."""
+        if self.array_job and self.array_task is not None:
+            return f"{self.array_job}_{self.array_task}"
+        return self.slurm_job
+
+    @property
     def multi_task(self) -> bool:
         """True when the launcher started more than one process for this job."""
         return (self.world_size or 1) > 1

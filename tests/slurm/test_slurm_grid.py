@@ -1,10 +1,13 @@
 """A 2 x 2 grid as one job array on the throwaway SLURM cluster: ``python -m tools.slurm submit --grid``, one task
-requeued mid-run, alone, and ``python -m tools.slurm results`` listing the four finished runs."""
+killed mid-run and requeued alone by its batch script (``--launch.max_restarts 1``), and ``python -m tools.slurm
+results`` listing the four finished runs."""
 
 from __future__ import annotations
 
 import csv
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -13,30 +16,32 @@ from pathlib import Path
 import pytest
 from lightning.pytorch import Callback
 
-from app.resilience.sigterm import SIGTERMCheckpoint
+from app.checkpoint import last_checkpoint_of
 from core.env import detect
 from tests.slurm.conftest import ROOT, submit
 from tests.wandb_reader import offline_runs, requires_wandb
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.xdist_group("timing")]
 
-STEPS, HOLD = 6, 2  # 2 epochs of 3 batches; task 1's first attempt waits after step HOLD
-HELD = "held"
+HOLD, HELD = 2, "held"  # the step after which the task the test kills waits for it, the file that says so
 
 
-class HoldTaskOne(Callback):
-    """Array task 1, first attempt: after step ``HOLD`` it says so (``<run folder>/held``) and waits, up to 120 s,
-    until the SIGTERM of the test's ``scontrol requeue`` arrived: the task is requeued mid-run, never after it."""
+class HoldTheArraysOwnTask(Callback):
+    """The task whose own job id is the array's (``scontrol`` takes that id for every task), first attempt: after step
+    ``HOLD`` it saves ``last.ckpt`` (as the periodic save would), writes its process id to ``<run folder>/held`` and
+    waits, up to 120 s, for the test to kill it."""
 
     def on_train_batch_end(self, trainer, *args) -> None:
         launch = detect()
-        if trainer.global_step != HOLD or launch.array_task != 1 or launch.restart_count:
+        if trainer.global_step != HOLD or launch.slurm_job != launch.array_job or launch.restart_count:
             return
-        (sigterm,) = [c for c in trainer.callbacks if isinstance(c, SIGTERMCheckpoint)]
-        Path(trainer.default_root_dir, HELD).write_text(str(trainer.global_step))
-        deadline = time.monotonic() + 120
-        while not sigterm._requested and time.monotonic() < deadline:
+        last = last_checkpoint_of(trainer)
+        trainer.save_checkpoint(last)
+        deadline = time.monotonic() + 60
+        while not last.is_file() and time.monotonic() < deadline:  # the save is atomic: there once it is whole
             time.sleep(0.05)
+        Path(trainer.default_root_dir, HELD).write_text(str(os.getpid()))
+        time.sleep(120)
 
 
 def tasks_of(env: dict[str, str], job: str) -> dict[str, dict[str, str]]:
@@ -64,21 +69,23 @@ def test_a_2x2_grid_runs_as_one_array_with_one_task_requeued_alone(slurm_env, mn
         "--", "fit", "--config", str(ROOT / "configs" / "logger" / "wandb.yaml"), "--model.arch", "mnist_fast",
         "--data.data_dir", str(mnist_dir), "--trainer.default_root_dir", str(root), "--trainer.max_epochs", "2",
         "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "2", "--trainer.enable_progress_bar",
-        "false", "--trainer.callbacks+=tests.slurm.test_slurm_grid.HoldTaskOne",
+        "false", "--launch.max_restarts", "1", "--trainer.callbacks+=tests.slurm.test_slurm_grid.HoldTheArraysOwnTask",
     )  # fmt: skip
     script = next((root / "sbatch").glob("*.sh")).read_text()
     assert "#SBATCH --array=0-3%2" in script
-    held = root / "lr=0.01,batch_size=32" / HELD
-    wait_for(held.exists, "task 1 reaching its step", 180)
-    assert subprocess.run(["scontrol", "requeue", f"{job}_1"], env=env).returncode == 0
+    wait_for(lambda: any(p.read_text() for p in root.glob(f"*/{HELD}")), "a task holding at its step", 180)
+    (held,) = root.glob(f"*/{HELD}")
+    os.kill(int(held.read_text()), signal.SIGKILL)  # its rank dies: the batch script requeues this task
     wait_for(lambda: not subprocess.run(["squeue", "-h", "-j", job], env=env, capture_output=True, text=True)
              .stdout.strip(), "the array leaving the queue", 300)  # fmt: skip
 
     tasks = tasks_of(env, job)
     logs = {t: (root / f"slurm-{job}_{t}.out").read_text() for t in "0123"}
     assert {t: r["JobState"] for t, r in tasks.items()} == dict.fromkeys("0123", "COMPLETED"), logs
-    assert {t: r["Restarts"] for t, r in tasks.items()} == {"0": "0", "1": "1", "2": "0", "3": "0"}  # alone
-    assert logs["1"].count("array task 1 of job") == 2  # its second attempt ran the same values
+    (killed,) = [t for t, r in tasks.items() if r["JobId"] == job]
+    assert {t: r["Restarts"] for t, r in tasks.items()} == {t: str(int(t == killed)) for t in "0123"}  # alone
+    assert logs[killed].count(f"array task {killed} of job") == 2, logs[killed]  # again with the same values
+    assert "(SLURM requeue 1: the newest checkpoint of job" in logs[killed], logs[killed]  # resumed its last.ckpt
 
     out = subprocess.run([sys.executable, "-m", "tools.slurm", "results", str(root)], cwd=ROOT, env=env,
                          capture_output=True, text=True)  # fmt: skip

@@ -78,6 +78,8 @@ def build_job(ns: argparse.Namespace, command: list[str]) -> Job:
         sys.exit(with_link(uneven, "slurm-submit"))
     job = Job(command=list(command), nodes=ns.nodes, gpus_per_node=ns.gpus_per_node, tasks_per_node=tasks)
     job.grid, job.max_parallel = grid.parse(ns.grid), ns.max_parallel
+    if ns.max_parallel < 0 or (ns.max_parallel and not job.grid):
+        grid.stop("--max-parallel P (P >= 1) limits how many tasks of a --grid run at once: give it with a --grid")
     if job.grid:
         grid.check_size(job)
     # a grid's keys are checked by parsing the command with the first task's values, as its task will

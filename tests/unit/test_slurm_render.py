@@ -145,6 +145,7 @@ def one_line_exit_2(capsys, *args: str) -> str:
 )
 def test_a_grid_mistake_is_one_line(capsys, grid, said):
     assert said in one_line_exit_2(capsys, "--grid", grid, "--", "fit")
+    assert "give it with a --grid" in one_line_exit_2(capsys, "--max-parallel", "2", "--", "fit")
 
 
 def test_a_grid_larger_than_the_clusters_max_array_size_is_one_line(capsys, tmp_path, monkeypatch):

@@ -21,9 +21,6 @@ from pathlib import Path
 from core.errors import with_link
 
 ROOT = Path(__file__).resolve().parents[1]
-# the job scontrol shows and requeues: ARRAYJOB_TASK for a task of an array, whose own SLURM_JOB_ID may be the array's
-# (one task's is; scontrol takes it for every task of the array), else SLURM_JOB_ID
-JOB = '"${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_}${SLURM_ARRAY_TASK_ID:-$SLURM_JOB_ID}"'
 
 
 @dataclass
@@ -73,6 +70,12 @@ class Job:
         if len({folder for folder, _ in tasks}) < len(tasks):  # values that differ only in what was replaced by _
             tasks = [(f"{i}-{folder}", args) for i, (folder, args) in enumerate(tasks)]
         return tasks
+
+    @property
+    def job_ref(self) -> str:
+        """The job ``scontrol`` shows and requeues: ``ARRAYJOB_TASK`` for a grid's task, whose own ``SLURM_JOB_ID``
+        may be the array's (one task's is, and ``scontrol`` takes that id for every task of the array)."""
+        return '"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"' if self.grid else '"$SLURM_JOB_ID"'
 
     def _array_lines(self) -> list[str]:
         """The case that picks array task ``$SLURM_ARRAY_TASK_ID``'s values and run folder."""
@@ -143,13 +146,13 @@ class Job:
             "export DPTRAIN_REQUEUE_BY=script  # this script requeues; app.resilience.requeue leaves it to it",
             "status=0",
             f"srun --kill-on-bad-exit=1 {srun} || status=$?",
-            f'restarts=$(scontrol show job {JOB} | grep -o "Restarts=[0-9]*" | cut -d= -f2 || true)',
+            f'restarts=$(scontrol show job {self.job_ref} | grep -o "Restarts=[0-9]*" | cut -d= -f2 || true)',
             'if [ "$status" -ne 0 ] && [ "${restarts:-0}" -le "${SLURM_RESTART_COUNT:-0}" ]; then',
             f'  if [ "${{SLURM_RESTART_COUNT:-0}}" -lt {k} ]; then',
             '    echo "SLURM: the job step failed (exit $status); requeue $((${SLURM_RESTART_COUNT:-0} + 1)) of '
             f"{k}: the job resumes from its newest checkpoint. If srun named a node above, keep the job off it: "
             'sbatch --exclude NODE"',
-            f"    scontrol requeue {JOB}",
+            f"    scontrol requeue {self.job_ref}",
             "    exit 0",
             "  fi",
             f'  echo "error: the job step failed (exit $status) and no requeue is left ({k} of {k} used), so the job '

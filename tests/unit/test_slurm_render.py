@@ -15,7 +15,7 @@ from app.loggers import prepare_loggers
 from core.env import detect
 from tests.troubleshooting import assert_documented
 from tests.wandb_reader import requires_wandb
-from tools import grid, sbatch, slurm
+from tools import grid, slurm
 from tools.sbatch import Job
 
 
@@ -203,9 +203,10 @@ def test_results_of_no_grid_is_one_line(capsys, tmp_path):
 def test_an_array_task_shows_and_requeues_itself_alone(capsys):
     """One task's SLURM_JOB_ID is the array's, which scontrol takes for every task: ARRAYJOB_TASK names the task."""
     script = dry_run(capsys, "--tasks-per-node", "1", *GRID, "--", "fit", "--launch.max_restarts", "1")
-    assert f"scontrol requeue {sbatch.JOB}" in script and f"scontrol show job {sbatch.JOB}" in script
+    job = '"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"'
+    assert f"scontrol requeue {job}" in script and f"scontrol show job {job}" in script
     tasks = {"SLURM_JOB_ID": "5", "SLURM_ARRAY_JOB_ID": "5", "SLURM_ARRAY_TASK_ID": "3"}
-    for env, job in (({"SLURM_JOB_ID": "5"}, "5"), (tasks, "5_3")):
-        said = subprocess.run(["bash", "-c", f"echo {sbatch.JOB}"], env=env, capture_output=True, text=True)
-        assert said.stdout.strip() == job
-        assert detect({**env, "SLURM_NTASKS": "1"}).slurm_requeue_id == job  # the app's requeue, likewise
+    said = subprocess.run(["bash", "-c", f"echo {job}"], env=tasks, capture_output=True, text=True)
+    assert said.stdout.strip() == "5_3"
+    assert detect({**tasks, "SLURM_NTASKS": "1"}).slurm_requeue_id == "5_3"  # the app's requeue, likewise
+    assert detect({"SLURM_JOB_ID": "5", "SLURM_NTASKS": "1"}).slurm_requeue_id == "5"

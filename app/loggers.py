@@ -316,7 +316,8 @@ def prepare_loggers(config, subcommand: str | None, resume: Resume | None = None
     """Fills in logger settings the CLI knows before the loggers exist (called by the CLI on every rank).
 
     - Choosing the W&B logger without ``wandb`` installed stops here with the install command.
-    - A multi-node job gets a W&B ``group`` (``slurm-<job id>`` / ``torchrun-<run id>``) unless one is set.
+    - A multi-node job gets a W&B ``group`` (``slurm-<job id>`` / ``torchrun-<run id>``) unless one is set; so does
+      each task of a job array (``slurm-array-<array job id>``).
     - ``fit`` resuming from a checkpoint of this run folder (``resume``: the resume decision) continues the
       checkpoint's TensorBoard version and W&B run id. A checkpoint from another folder starts new ones (fine-tuning
       someone else's weights is a new run). A restart with nothing saved yet continues the TensorBoard version its
@@ -340,12 +341,16 @@ def prepare_loggers(config, subcommand: str | None, resume: Resume | None = None
 
 
 def _group_the_nodes(nodes: int, wandb_cfgs: list) -> None:
-    """A multi-node job's W&B runs share a group (``slurm-<job id>`` / ``torchrun-<run id>``) unless one is set."""
-    if nodes <= 1 or env.wandb().run_group:
+    """A multi-node job's W&B runs share a group (``slurm-<job id>`` / ``torchrun-<run id>``) unless one is set; the
+    runs of a grid's job array (one per task, any number of nodes) share ``slurm-array-<array job id>``."""
+    if not wandb_cfgs or env.wandb().run_group:
         return
     launch = detect()
+    if nodes <= 1 and not launch.array_job:
+        return
     job, run = launch.slurm_job, launch.torchrun_job or "none"
     group = f"slurm-{job}" if job else (f"torchrun-{run}" if run != "none" else f"{nodes}-nodes")
+    group = f"slurm-array-{launch.array_job}" if launch.array_job else group
     for lg in wandb_cfgs:
         if not lg.init_args.get("group"):
             lg.init_args.group = group

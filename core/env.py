@@ -72,6 +72,9 @@ class Launch:
         node_storage: the node's own storage the scheduler names (``$SLURM_TMPDIR``, ``$TMPDIR``), in that order.
         cuda_visible_devices: ``CUDA_VISIBLE_DEVICES`` as set (for messages), None when unset.
         slurm_node: this node's name as SLURM knows it (``SLURMD_NODENAME``), None outside a SLURM step.
+        array_job: the job array's id (``SLURM_ARRAY_JOB_ID``) when this job is one task of an array (a grid of
+            ``python -m tools.slurm submit --grid``), else None; ``slurm_job`` is then the task's own job id.
+        array_task: the task's index in its array (``SLURM_ARRAY_TASK_ID``), else None.
         env: the variables the layout was read from (for messages).
     """
 
@@ -101,7 +104,17 @@ class Launch:
     node_storage: tuple[str, ...] = ()
     cuda_visible_devices: str | None = None
     slurm_node: str | None = None
+    array_job: str | None = None
+    array_task: int | None = None
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+    @property
+    def slurm_requeue_id(self) -> str | None:
+        """What ``scontrol requeue`` takes for this job: ``ARRAYJOB_TASK`` for a task of an array, whose own job id may
+        be the array's (one task's id is; ``scontrol`` takes it for every task of the array), else ``slurm_job``."""
+        if self.array_job and self.array_task is not None:
+            return f"{self.array_job}_{self.array_task}"
+        return self.slurm_job
 
     @property
     def multi_task(self) -> bool:
@@ -210,6 +223,8 @@ def detect(
         "node_storage": tuple(v for v in (env.get("SLURM_TMPDIR"), env.get("TMPDIR")) if v),
         "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES"),
         "slurm_node": env.get("SLURMD_NODENAME") or None,
+        "array_job": env.get("SLURM_ARRAY_JOB_ID") or None,
+        "array_task": _int(env.get("SLURM_ARRAY_TASK_ID")),
         "env": env,
     }
     if "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive"):

@@ -9,6 +9,8 @@ run directory that stays the same across requeues.
 
 from __future__ import annotations
 
+import itertools
+import re
 import shlex
 import subprocess
 import sys
@@ -41,6 +43,8 @@ class Job:
     setup_lines: list[str] = field(default_factory=list)
     python: str = sys.executable
     chdir: str = "."
+    grid: list[tuple[str, list[str]]] = field(default_factory=list)  # --grid KEY=V1,V2: one array task per combination
+    max_parallel: int = 0  # --max-parallel P: at most P array tasks at a time (0: as many as SLURM runs)
 
     @property
     def accelerator(self) -> str:
@@ -52,8 +56,43 @@ class Job:
         layout += ["--trainer.accelerator", self.accelerator]
         return [*self.command, *layout, *(("--trainer.default_root_dir", self.run_dir) if with_run_dir else ())]
 
+    def tasks(self) -> list[tuple[str, list[str]]]:
+        """The grid's array tasks in task-id order (the cartesian product, the last key changing fastest): each
+        task's run folder name (``lr=0.1,batch_size=64``) and the options it appends to the command."""
+        keys = [key for key, _ in self.grid]
+        short = [key.rsplit(".", 1)[-1] for key in keys]
+        names = short if len(set(short)) == len(short) else keys  # the last part of each key, unless two share it
+        tasks = []
+        for values in itertools.product(*(values for _, values in self.grid)):
+            folder = ",".join(f"{name}={value}" for name, value in zip(names, values, strict=True))
+            args = [arg for key, value in zip(keys, values, strict=True) for arg in (f"--{key}", value)]
+            tasks.append((re.sub(r"[^\w.=,+-]", "_", folder), args))
+        if len({folder for folder, _ in tasks}) < len(tasks):  # values that differ only in what was replaced by _
+            tasks = [(f"{i}-{folder}", args) for i, (folder, args) in enumerate(tasks)]
+        return tasks
+
+    @property
+    def job_ref(self) -> str:
+        """The job ``scontrol`` shows and requeues: ``ARRAYJOB_TASK`` for a grid's task, whose own ``SLURM_JOB_ID``
+        may be the array's (one task's is, and ``scontrol`` takes that id for every task of the array)."""
+        return '"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"' if self.grid else '"$SLURM_JOB_ID"'
+
+    def _array_lines(self) -> list[str]:
+        """The case that picks array task ``$SLURM_ARRAY_TASK_ID``'s values and run folder."""
+        lines = ['case "$SLURM_ARRAY_TASK_ID" in']
+        for i, (folder, args) in enumerate(self.tasks()):
+            task = [*args, "--trainer.default_root_dir", f"{self.run_dir}/{folder}"]
+            lines.append(f"  {i}) task=({shlex.join(task)}) ;;")
+        lines += [
+            '  *) echo "error: array task $SLURM_ARRAY_TASK_ID is not in this grid"; exit 2 ;;',
+            "esac",
+            'echo "array task $SLURM_ARRAY_TASK_ID of job $SLURM_ARRAY_JOB_ID: ${task[*]}"',
+        ]
+        return lines
+
     def render(self) -> str:
         """The sbatch script."""
+        count = len(self.tasks()) if self.grid else 0
         options = {
             "job-name": self.job_name,
             "nodes": self.nodes,
@@ -66,12 +105,15 @@ class Job:
             "signal": f"SIGUSR1@{self.signal_seconds}",
             "requeue": True,
             "open-mode": "append",  # a requeued attempt appends to the same log
-            "output": f"{self.run_dir}/slurm-%j.out",
+            "output": f"{self.run_dir}/slurm-{'%A_%a' if count else '%j'}.out",
             "chdir": self.chdir,
+            # each task is a job of its own (its own SLURM_JOB_ID): requeued, and requeueing itself, alone
+            "array": f"0-{count - 1}{f'%{self.max_parallel}' if self.max_parallel else ''}" if count else None,
         }
         header = [f"#SBATCH --{k}" if v is True else f"#SBATCH --{k}={v}" for k, v in options.items() if v is not None]
         header += [f"#SBATCH {line}" for line in self.sbatch_lines]
         srun = shlex.join([self.python, str(ROOT / "cli.py"), *self.cli_args()])
+        srun += ' "${task[@]}"' if count else ""  # the array task's values and run folder (later flags win)
         return "\n".join(
             [
                 "#!/bin/bash",
@@ -82,6 +124,7 @@ class Job:
                 "export PYTHONUNBUFFERED=1",
                 "# Slurm >= 22.05: srun no longer inherits --cpus-per-task from the allocation",
                 "export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}",
+                *(self._array_lines() if count else []),
                 "# Every attempt (requeues included) uses the same run dir: SIGUSR1 -> hpc_ckpt_N.ckpt there -> resume",
                 'echo "job $SLURM_JOB_ID attempt $((${SLURM_RESTART_COUNT:-0} + 1)) on $SLURM_JOB_NODELIST"',
                 *(self._requeue_on_failure(srun) if self.max_restarts else [f"srun --kill-on-bad-exit=1 {srun}"]),
@@ -103,13 +146,13 @@ class Job:
             "export DPTRAIN_REQUEUE_BY=script  # this script requeues; app.resilience.requeue leaves it to it",
             "status=0",
             f"srun --kill-on-bad-exit=1 {srun} || status=$?",
-            'restarts=$(scontrol show job "$SLURM_JOB_ID" | grep -o "Restarts=[0-9]*" | cut -d= -f2 || true)',
+            f'restarts=$(scontrol show job {self.job_ref} | grep -o "Restarts=[0-9]*" | cut -d= -f2 || true)',
             'if [ "$status" -ne 0 ] && [ "${restarts:-0}" -le "${SLURM_RESTART_COUNT:-0}" ]; then',
             f'  if [ "${{SLURM_RESTART_COUNT:-0}}" -lt {k} ]; then',
             '    echo "SLURM: the job step failed (exit $status); requeue $((${SLURM_RESTART_COUNT:-0} + 1)) of '
             f"{k}: the job resumes from its newest checkpoint. If srun named a node above, keep the job off it: "
             'sbatch --exclude NODE"',
-            '    scontrol requeue "$SLURM_JOB_ID"',
+            f"    scontrol requeue {self.job_ref}",
             "    exit 0",
             "  fi",
             f'  echo "error: the job step failed (exit $status) and no requeue is left ({k} of {k} used), so the job '

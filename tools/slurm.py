@@ -2,11 +2,13 @@
 
     python -m tools.slurm submit --nodes 2 --gpus-per-node 4 --time 24:00:00 --partition gpu \\
         [--account A] [--sbatch mem=200G] [--setup "module load cuda"] [--dry-run] -- fit --config configs/x.yaml
+    python -m tools.slurm submit --grid model.optimizer.lr=0.1,0.01 --grid data.batch_size=64,128 --max-parallel 2 ...
+    python -m tools.slurm results runs/NAME
 
 The command after ``--`` is parsed by the app's own CLI (nothing is
 instantiated) with ``--trainer.num_nodes``, ``--trainer.devices`` and ``--trainer.accelerator`` appended, and checked
 by the preflight plan as SLURM will launch it, so a mistake is reported here instead of after the job waited in the
-queue. The script itself is :class:`tools.sbatch.Job`'s.
+queue. The script itself is :class:`tools.sbatch.Job`'s; a grid is one job array (:mod:`tools.grid`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from app.command import main as cli_main
 from app.launch.preflight import build
 from core.env import Launch
 from core.errors import with_link
+from tools import grid
 from tools.sbatch import Job, submit
 
 
@@ -74,7 +77,13 @@ def build_job(ns: argparse.Namespace, command: list[str]) -> Job:
         uneven = f"error: --gpus-per-node {ns.gpus_per_node} is not a multiple of --tasks-per-node {tasks}"
         sys.exit(with_link(uneven, "slurm-submit"))
     job = Job(command=list(command), nodes=ns.nodes, gpus_per_node=ns.gpus_per_node, tasks_per_node=tasks)
-    config = resolve_config(job.cli_args(with_run_dir=False))
+    job.grid, job.max_parallel = grid.parse(ns.grid), ns.max_parallel
+    if ns.max_parallel < 0 or (ns.max_parallel and not job.grid):
+        grid.stop("--max-parallel P (P >= 1) limits how many tasks of a --grid run at once: give it with a --grid")
+    if job.grid:
+        grid.check_size(job)
+    # a grid's keys are checked by parsing the command with the first task's values, as its task will
+    config = resolve_config([*job.cli_args(with_run_dir=False), *grid.first_values(job)])
     job.run_dir = str(Path(config.trainer.get("default_root_dir") or ".").resolve())
     job.chdir = str(Path.cwd())
     workers = config.data.get("init_args", config.data).get("num_workers") or 0
@@ -129,7 +138,17 @@ def parser() -> argparse.ArgumentParser:
         "--setup", action="append", default=[], metavar="LINE", help="shell line run before srun, repeatable"
     )
     s.add_argument("--python", default=sys.executable, help="interpreter on the nodes (default: this one)")
+    s.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="one job array task per combination of values, each in its own run folder, repeatable",
+    )
+    s.add_argument("--max-parallel", type=int, default=0, metavar="P", help="run at most P array tasks at a time")
     s.add_argument("--dry-run", action="store_true", help="print the script, submit nothing")
+    r = sub.add_parser("results", help="the table of a --grid job's runs, also written to results.csv")
+    r.add_argument("root", metavar="RUN_ROOT", help="the grid's --trainer.default_root_dir, or NAME for runs/NAME")
     return p
 
 
@@ -137,7 +156,14 @@ def main(argv: list[str] | None = None) -> str | None:
     argv = sys.argv[1:] if argv is None else argv
     ours, command = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     ns = parser().parse_args(ours)
-    return submit(build_job(ns, command), ns.dry_run)
+    if ns.action == "results":
+        grid.results(ns.root)
+        return None
+    job = build_job(ns, command)
+    job_id = submit(job, ns.dry_run)
+    if job.grid and job_id:
+        grid.write_manifest(job, job_id)
+    return job_id
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ class Requeue:
         if self._armed is None:
             return
         budget, folder, launch = self._armed
-        job, count = launch.slurm_job, launch.restart_count
+        job, count = launch.slurm_requeue_id, launch.restart_count  # an array's task: ARRAYJOB_TASK, it alone
         try:
             folder.mkdir(parents=True, exist_ok=True)
             os.close(os.open(folder / f".requeue-{job}-{count}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))

@@ -176,6 +176,7 @@ class CLI(LightningCLI):
         apply_timeout(self.trainer.strategy, config.launch.timeout)
         hang, startup = (self.plan.hang_timeout, self.plan.startup_timeout) if self.plan else (None, None)
         install_hang_watch(self.trainer, hang or 0, startup, self.requeue)
+        self.requeue.trainer = self.trainer  # the step of a fault, in its record
         apply_flight_recorder(self.trainer.strategy, Path(self.trainer.default_root_dir) / "nccl_trace")
         if config.launch.debug:
             folder = Path(self.trainer.default_root_dir) / "debug"
@@ -424,5 +425,5 @@ def user_errors_explained(requeue: Requeue | None = None) -> Iterator[None]:
             raise
         report(err)
         if isinstance(err, Fault) and requeue is not None:
-            requeue.after_fault()  # under SLURM with --launch.max_restarts: back in the queue
+            requeue.after_fault(err)  # under SLURM with --launch.max_restarts: back in the queue
         raise SystemExit(err.exit_code) from None

@@ -91,29 +91,39 @@ class Job:
 
     def _requeue_on_failure(self, srun: str) -> list[str]:
         """``--launch.max_restarts K``: a failed step (a rank that died or that the hang watch found stuck, a killed
-        DataLoader worker, a lost node) requeues the job while fewer than K requeues were made, and the requeued
-        attempt resumes its newest checkpoint (:class:`app.checkpoint.Checkpoints`). SLURM's own ``scontrol
-        requeue``, decided by this script: with ``--kill-on-bad-exit`` the step's other ranks are gone by then, and a
-        requeue made already (a preemption's, by Lightning) is not made twice."""
-        k = self.max_restarts
+        DataLoader worker, a lost node) is a fault, recorded in ``RUN_DIR/faults.jsonl`` (by the app when it could,
+        else here), and requeues the job while the job's faults number at most K; the requeued attempt resumes its
+        newest checkpoint (:class:`app.checkpoint.Checkpoints`). Requeues by preemption or wall time never count.
+        SLURM's own ``scontrol requeue``, decided by this script: with ``--kill-on-bad-exit`` the step's other ranks
+        are gone by then, and a requeue made already (a preemption's, by Lightning) is not made twice."""
+        k, faults = self.max_restarts, shlex.quote(f"{self.run_dir}/faults.jsonl")
+        mine = '{"job": "%s", "attempt": %d, "kind": "step-failed", "step": null, "node": "%s", "exit": %d}'
         return [
-            f"# --launch.max_restarts {k}: a failed step requeues the job (scontrol requeue) while fewer than {k} "
-            "requeues were made;",
+            f"# --launch.max_restarts {k}: a failed step requeues the job (scontrol requeue) while its faults number "
+            f"at most {k} (requeues by preemption or wall time do not count);",
             "# the requeued attempt resumes from its newest checkpoint. srun's lines name the node of a failed task.",
             "export DPTRAIN_REQUEUE_BY=script  # this script requeues; app.resilience.requeue leaves it to it",
             "status=0",
             f"srun --kill-on-bad-exit=1 {srun} || status=$?",
             'restarts=$(scontrol show job "$SLURM_JOB_ID" | grep -o "Restarts=[0-9]*" | cut -d= -f2 || true)',
             'if [ "$status" -ne 0 ] && [ "${restarts:-0}" -le "${SLURM_RESTART_COUNT:-0}" ]; then',
-            f'  if [ "${{SLURM_RESTART_COUNT:-0}}" -lt {k} ]; then',
-            '    echo "SLURM: the job step failed (exit $status); requeue $((${SLURM_RESTART_COUNT:-0} + 1)) of '
-            f"{k}: the job resumes from its newest checkpoint. If srun named a node above, keep the job off it: "
-            'sbatch --exclude NODE"',
+            "  attempt=$((${SLURM_RESTART_COUNT:-0} + 1))  # the app records its fault (kind, step, node) when it can",
+            f'  grep -qs "\\"job\\": \\"$SLURM_JOB_ID\\", \\"attempt\\": $attempt," {faults} ||',
+            f'    printf \'{mine}\\n\' "$SLURM_JOB_ID" "$attempt" "$SLURM_JOB_NODELIST" "$status" >> {faults}',
+            f'  faults=$(grep -c "\\"job\\": \\"$SLURM_JOB_ID\\"," {faults} || true)',
+            '  counts="fault $faults of '
+            + str(k)
+            + "; $((${SLURM_RESTART_COUNT:-0} - faults + 1)) requeues by time or "
+            'preemption before it"',
+            f'  if [ "$faults" -le {k} ]; then',
+            '    echo "SLURM: the job step failed (exit $status): $counts; requeue $attempt: the job resumes from its '
+            'newest checkpoint. If srun named a node above, keep the job off it: sbatch --exclude NODE"',
             '    scontrol requeue "$SLURM_JOB_ID"',
             "    exit 0",
             "  fi",
-            f'  echo "error: the job step failed (exit $status) and no requeue is left ({k} of {k} used), so the job '
-            "fails. Fix: look at the failed rank's lines above, then submit again with --ckpt_path last\"",
+            f'  echo "error: the job step failed (exit $status) and no requeue is left ($counts: {k} of {k} used), so '
+            f"the job fails. Fix: look at the failed rank's lines above (every fault: {self.run_dir}/faults.jsonl), "
+            'then submit again with --ckpt_path last"',
             "fi",
             'exit "$status"',
         ]

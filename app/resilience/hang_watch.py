@@ -47,7 +47,7 @@ import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from app.lightning_private import process_group_backend
-from app.resilience.faults import HangError
+from app.resilience.faults import HangError, LostRankError
 from app.resilience.requeue import Requeue
 from core.env import detect, export_unset, node_name
 from core.errors import UserError, report
@@ -405,7 +405,7 @@ class _Watchdog(threading.Thread):
         except Exception:
             pass
         _kill_local_children()
-        self.watch.requeue.after_fault()  # under SLURM with --launch.max_restarts: back in the queue
+        self.watch.requeue.after_fault(HangError)  # under SLURM with --launch.max_restarts: back in the queue
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
@@ -421,7 +421,7 @@ class _Watchdog(threading.Thread):
             )
         )
         _kill_local_children()
-        self.watch.requeue.after_fault()
+        self.watch.requeue.after_fault(LostRankError)
         os._exit(1)
 
 

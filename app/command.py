@@ -292,8 +292,9 @@ def add_launch_arguments(parser: LightningArgumentParser) -> None:
         default=0,
         help="fit only: how often a fault (a rank that dies or hangs, a lost loader worker) restarts the job, "
         "which resumes from its newest checkpoint. Under Lightning's launcher (several processes on one node) "
-        "torch's elastic agent runs the ranks and restarts the group; under SLURM it is the job's requeue budget "
-        "(the batch script of tools.slurm submit, or the app in your own script with #SBATCH --requeue); under "
+        "torch's elastic agent runs the ranks and restarts the group; under SLURM it is the job's fault budget, each "
+        "fault recorded in RUN_DIR/faults.jsonl, preemption and wall-time requeues not counted (the requeue by the "
+        "batch script of tools.slurm submit, or by the app in your own script with #SBATCH --requeue); under "
         "torchrun, torchrun's --max-restarts applies instead. Default 0, as torchrun's: a restart repeats the "
         "start-up, and a deterministic failure would be repeated that many times; 2 for unattended jobs.",
     )

@@ -176,6 +176,7 @@ class CLI(LightningCLI):
         apply_timeout(self.trainer.strategy, config.launch.timeout)
         hang, startup = (self.plan.hang_timeout, self.plan.startup_timeout) if self.plan else (None, None)
         install_hang_watch(self.trainer, hang or 0, startup, self.requeue)
+        self.requeue.trainer = self.trainer  # the step of a fault, in its record
         apply_flight_recorder(self.trainer.strategy, Path(self.trainer.default_root_dir) / "nccl_trace")
         if config.launch.debug:
             folder = Path(self.trainer.default_root_dir) / "debug"
@@ -291,8 +292,9 @@ def add_launch_arguments(parser: LightningArgumentParser) -> None:
         default=0,
         help="fit only: how often a fault (a rank that dies or hangs, a lost loader worker) restarts the job, "
         "which resumes from its newest checkpoint. Under Lightning's launcher (several processes on one node) "
-        "torch's elastic agent runs the ranks and restarts the group; under SLURM it is the job's requeue budget "
-        "(the batch script of tools.slurm submit, or the app in your own script with #SBATCH --requeue); under "
+        "torch's elastic agent runs the ranks and restarts the group; under SLURM it is the job's fault budget, each "
+        "fault recorded in RUN_DIR/faults.jsonl, preemption and wall-time requeues not counted (the requeue by the "
+        "batch script of tools.slurm submit, or by the app in your own script with #SBATCH --requeue); under "
         "torchrun, torchrun's --max-restarts applies instead. Default 0, as torchrun's: a restart repeats the "
         "start-up, and a deterministic failure would be repeated that many times; 2 for unattended jobs.",
     )
@@ -424,5 +426,5 @@ def user_errors_explained(requeue: Requeue | None = None) -> Iterator[None]:
             raise
         report(err)
         if isinstance(err, Fault) and requeue is not None:
-            requeue.after_fault()  # under SLURM with --launch.max_restarts: back in the queue
+            requeue.after_fault(err)  # under SLURM with --launch.max_restarts: back in the queue
         raise SystemExit(err.exit_code) from None

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Submits N (default 20) one-task jobs to the throwaway SLURM cluster (tools/slurm_cluster.sh) whose task does what a
 # faulted step does under `--launch.max_restarts 1`: app.resilience.requeue's after_fault (scontrol requeue of its own job),
-# then waits to be ended. Counts the jobs whose first attempt's log lacks the "SLURM: requeue 1 of 1" line: scontrol's
+# then waits to be ended. Counts the jobs whose first attempt's log lacks the "SLURM: requeue 1 (" line: scontrol's
 # requeue ends the step (SIGTERM) at once, so a line said after it returned can be lost.
 # Usage: eval "$(bash tools/slurm_cluster.sh env)"; bash tools/requeue_soak.sh [N]   (about 12 s a job). Logs: $SOAK_DIR.
 set -u
@@ -23,7 +23,7 @@ for i in $(seq 1 "$n"); do
   done
   sleep 8  # srun's own lines after the step's end (it waits up to 7 s for the step's tasks)
   scancel "$job"
-  if grep -q "^SLURM: requeue 1 of 1" "$dir/job-$job.out"; then echo "job $job: said"; else
+  if grep -q "^SLURM: requeue 1 (" "$dir/job-$job.out"; then echo "job $job: said"; else
     bad=$((bad + 1)); echo "job $job: the requeue line is MISSING (log: $dir/job-$job.out)"
   fi
 done

@@ -134,29 +134,41 @@ class Job:
 
     def _requeue_on_failure(self, srun: str) -> list[str]:
         """``--launch.max_restarts K``: a failed step (a rank that died or that the hang watch found stuck, a killed
-        DataLoader worker, a lost node) requeues the job while fewer than K requeues were made, and the requeued
-        attempt resumes its newest checkpoint (:class:`app.checkpoint.Checkpoints`). SLURM's own ``scontrol
-        requeue``, decided by this script: with ``--kill-on-bad-exit`` the step's other ranks are gone by then, and a
-        requeue made already (a preemption's, by Lightning) is not made twice."""
-        k = self.max_restarts
+        DataLoader worker, a lost node) is a fault, recorded in ``RUN_DIR/faults.jsonl`` (by the app when it could,
+        else here), and requeues the job while the job's faults number at most K; the requeued attempt resumes its
+        newest checkpoint (:class:`app.checkpoint.Checkpoints`). Requeues by preemption or wall time never count.
+        SLURM's own ``scontrol requeue``, decided by this script: with ``--kill-on-bad-exit`` the step's other ranks
+        are gone by then, and a requeue made already (a preemption's, by Lightning) is not made twice."""
+        # a grid's task records in its own run folder, the last of its options (``--trainer.default_root_dir``)
+        where = "${task[-1]}/faults.jsonl" if self.grid else f"{self.run_dir}/faults.jsonl"
+        k, faults = self.max_restarts, f'"{where}"' if self.grid else shlex.quote(where)
+        mine = '{"job": "%s", "attempt": %d, "kind": "step-failed", "step": null, "node": "%s", "exit": %d}'
         return [
-            f"# --launch.max_restarts {k}: a failed step requeues the job (scontrol requeue) while fewer than {k} "
-            "requeues were made;",
+            f"# --launch.max_restarts {k}: a failed step requeues the job (scontrol requeue) while its faults number "
+            f"at most {k} (requeues by preemption or wall time do not count);",
             "# the requeued attempt resumes from its newest checkpoint. srun's lines name the node of a failed task.",
             "export DPTRAIN_REQUEUE_BY=script  # this script requeues; app.resilience.requeue leaves it to it",
             "status=0",
             f"srun --kill-on-bad-exit=1 {srun} || status=$?",
             f'restarts=$(scontrol show job {self.job_ref} | grep -o "Restarts=[0-9]*" | cut -d= -f2 || true)',
             'if [ "$status" -ne 0 ] && [ "${restarts:-0}" -le "${SLURM_RESTART_COUNT:-0}" ]; then',
-            f'  if [ "${{SLURM_RESTART_COUNT:-0}}" -lt {k} ]; then',
-            '    echo "SLURM: the job step failed (exit $status); requeue $((${SLURM_RESTART_COUNT:-0} + 1)) of '
-            f"{k}: the job resumes from its newest checkpoint. If srun named a node above, keep the job off it: "
-            'sbatch --exclude NODE"',
+            "  attempt=$((${SLURM_RESTART_COUNT:-0} + 1))  # the app records its fault (kind, step, node) when it can",
+            f'  grep -qs "\\"job\\": \\"$SLURM_JOB_ID\\", \\"attempt\\": $attempt," {faults} ||',
+            f'    printf \'{mine}\\n\' "$SLURM_JOB_ID" "$attempt" "$SLURM_JOB_NODELIST" "$status" >> {faults}',
+            f'  faults=$(grep -c "\\"job\\": \\"$SLURM_JOB_ID\\"," {faults} || true)',
+            '  counts="fault $faults of '
+            + str(k)
+            + "; $((${SLURM_RESTART_COUNT:-0} - faults + 1)) requeues by time or "
+            'preemption before it"',
+            f'  if [ "$faults" -le {k} ]; then',
+            '    echo "SLURM: the job step failed (exit $status): $counts; requeue $attempt: the job resumes from its '
+            'newest checkpoint. If srun named a node above, keep the job off it: sbatch --exclude NODE"',
             f"    scontrol requeue {self.job_ref}",
             "    exit 0",
             "  fi",
-            f'  echo "error: the job step failed (exit $status) and no requeue is left ({k} of {k} used), so the job '
-            "fails. Fix: look at the failed rank's lines above, then submit again with --ckpt_path last\"",
+            f'  echo "error: the job step failed (exit $status) and no requeue is left ($counts: {k} of {k} used), so '
+            f"the job fails. Fix: look at the failed rank's lines above (every fault: {where}), "
+            'then submit again with --ckpt_path last"',
             "fi",
             'exit "$status"',
         ]

@@ -106,8 +106,9 @@ def _restart_notes(plan: Plan, max_restarts: int, launch: Launch) -> None:
     if launch.launcher == "slurm":
         by = "the batch script" if launch.requeue_by_script else "the app (scontrol requeue)"
         plan.notes.append(
-            f"--launch.max_restarts {max_restarts}: a fault requeues the job, done by {by}, while fewer than "
-            f"{max_restarts} requeues were made ({launch.restart_count} so far); the requeued job resumes from its "
+            f"--launch.max_restarts {max_restarts}: a fault requeues the job, done by {by}, while the job's faults "
+            f"number at most {max_restarts} (each recorded in the run dir's faults.jsonl; requeues by preemption or "
+            "wall time do not count); the requeued job resumes from its "
             "newest checkpoint. Your sbatch script needs --requeue (and --open-mode=append to keep each attempt's log)."
         )
 

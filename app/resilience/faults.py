@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
@@ -92,6 +93,49 @@ class LoaderWorkerLost(Fault):
         return loader_worker_died(err)
 
 
+class NCCLError(Fault):
+    """NCCL failed in a collective of this rank (a peer gone, the network, a mismatch): torch's first line, said with
+    where to look next."""
+
+    help = "nccl-error"
+
+    @classmethod
+    def named(cls, err: BaseException, plan: Any = None) -> NCCLError | None:
+        """torch's ``DistBackendError`` (or any ``RuntimeError`` whose first line names NCCL), else None."""
+        first = (str(err).strip().splitlines() or [""])[0]
+        if not isinstance(err, dist.DistBackendError) and not (isinstance(err, RuntimeError) and "NCCL" in first):
+            return None
+        return cls(
+            f"{this_rank()}: NCCL failed ({first[:300]}). The hang watch's or lost rank's line above, if any, names "
+            "the rank behind or gone. Fix: rerun with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET (NCCL's own log: "
+            "interfaces, transports); the flight recorder's dumps are in <run dir>/nccl_trace and hang/."
+        )
+
+
+class OutOfMemory(UserError):
+    """CUDA ran out of memory on this rank: no fault (a requeue would meet it again) but the batch, said with what to
+    lower while the global batch stays."""
+
+    help = "cuda-out-of-memory"
+
+
+def out_of_memory(err: BaseException) -> OutOfMemory | None:
+    """torch's ``OutOfMemoryError`` as one line with the fix, else None."""
+    if not isinstance(err, torch.OutOfMemoryError):
+        return None
+    first = (str(err).strip().splitlines() or [""])[0].split(". Of the allocated")[0][:200]
+    return OutOfMemory(
+        f"{this_rank()}: CUDA out of memory ({first}). Fix, keeping the global batch: --data.global_batch_size with "
+        "--trainer.accumulate_grad_batches 2 (half the batch per step), --trainer.precision bf16-mixed (16-mixed "
+        "before Ampere), --model.channels_last true."
+    )
+
+
+def this_rank() -> str:
+    """``rank R (host H)``: this process's global rank (Lightning's) and node."""
+    return f"rank {getattr(rank_zero_only, 'rank', 0)} (host {node_name()})"
+
+
 _DIED = re.compile(
     r"DataLoader worker \(pids?(?:\(s\))? ([\d, ]+)\) (?:exited unexpectedly|is killed by signal: (.+?)\.?$)"
 )
@@ -131,9 +175,8 @@ def loader_worker_died(err: BaseException) -> LoaderWorkerLost | None:
             "Fix: rerun with --data.num_workers 0 to see the error in the training process itself"
         )
     where = ", ".join(str(p) for p in pids)
-    rank = rank_zero_only.rank if hasattr(rank_zero_only, "rank") else 0
     return LoaderWorkerLost(
-        f"rank {rank} (host {node_name()}): its DataLoader worker (pid {where}) {how}; {cause}. The last checkpoint "
+        f"{this_rank()}: its DataLoader worker (pid {where}) {how}; {cause}. The last checkpoint "
         "is intact (resume with --ckpt_path last; under torchrun or --launch.max_restarts the job restarts by itself)."
     )
 
@@ -179,7 +222,7 @@ def _missing_ranks(err: Exception, plan: Any) -> str:
 
 
 # The app's kinds, their translators asked in this order (a rendezvous timeout before a lost worker's reset connection)
-KINDS: list[type[Fault]] = [RendezvousTimeout, LoaderWorkerLost, LostRankError, HangError]
+KINDS: list[type[Fault]] = [RendezvousTimeout, LoaderWorkerLost, LostRankError, HangError, NCCLError]
 
 
 def register(kind: type[Fault]) -> None:
@@ -199,6 +242,8 @@ def named(err: BaseException, plan: Any = None) -> UserError | None:
     which keeps its traceback."""
     if isinstance(err, UserError):
         return err
+    if (oom := out_of_memory(err)) is not None:  # a mistake of the batch, not a fault: never requeued
+        return oom
     return next((fault for kind in KINDS if (fault := kind.named(err, plan)) is not None), None)
 
 

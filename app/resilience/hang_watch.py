@@ -13,7 +13,8 @@ Rank 0's thread reads them all. When no counter of any rank has moved for ``time
 - every answering rank is asked for the innermost frames of its main thread (``sys._current_frames``, read from the
   watchdog thread: it runs while the main thread sleeps, blocks in I/O or in a collective, which release the GIL,
   and between two bytecodes of pure Python) and writes the stacks of all its threads (``faulthandler``) to
-  ``<run folder>/hang/stacks-rank<R>.txt``; on NCCL also its flight-recorder buffer (``nccl_trace_rank_<R>``);
+  ``<run folder>/hang/stacks-rank<R>.txt``, and its flight-recorder buffer where torch can dump it
+  (``nccl_trace_rank_<R>``);
 - rank 0 prints one diagnosis (``error: hang watch: rank 1 of 2 ... is stuck``), every rank leaves with status 1
   (``os._exit`` from the thread: the main thread may never return), and a rank that does not answer is SIGKILLed by
   an answering rank of its host (a stopped process cannot act on anything else).
@@ -38,6 +39,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -47,7 +49,7 @@ import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from app.lightning_private import process_group_backend
-from app.resilience.faults import HangError
+from app.resilience.faults import HangError, LostRankError
 from app.resilience.requeue import Requeue
 from core.env import detect, export_unset, node_name
 from core.errors import UserError, report
@@ -55,6 +57,7 @@ from core.errors import UserError, report
 ROOT = Path(__file__).resolve().parents[2]
 FRAMES = 4  # innermost frames of the main thread shown per rank
 PREFIX = "app/hang_watch"
+BUFFER_SIZE = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")  # the flight recorder's, new name first
 STARTUP_FLOOR_S = 300.0  # the start-up allowance is at least this (a compile, a large index), unless given
 PHASES = {  # what a rank publishes while the job starts, and how the message says it
     "set-up": "in the training set-up (the sanity check not begun)",
@@ -78,14 +81,30 @@ def _short(path: str) -> str:
         return path
 
 
-def flight_recorder_env(folder: Path) -> dict[str, str]:
+def flight_recorder_env(folder: Path, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The NCCL flight recorder's variables, as the app sets them (a user's own values win): the last 2000
-    collectives of each rank, dumped by torch's NCCL watchdog when a collective times out, to ``folder``."""
+    collectives of each rank, dumped by torch's NCCL watchdog when a collective times out, to ``folder``. The buffer's
+    variable is ``TORCH_FR_BUFFER_SIZE`` where torch's recorder is generic (it warns that the NCCL name is
+    deprecated), unless the user set either name."""
+    environ = os.environ if environ is None else environ
+    generic = hasattr(torch._C._distributed_c10d, "_dump_fr_trace")
+    size = {} if {*BUFFER_SIZE} & environ.keys() else {BUFFER_SIZE[0] if generic else BUFFER_SIZE[1]: "2000"}
     return {
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        **size,
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(folder / "nccl_trace_rank_"),
     }
+
+
+def dump_flight_recorder(path: Path) -> str | None:
+    """Writes this process's flight-recorder buffer (the last collectives of its process groups, in the format
+    ``torchfrtrace`` reads) to ``path``; returns why not where the installed torch has no dump for the backend."""
+    c10d, backend = torch._C._distributed_c10d, dist.get_backend()
+    dump = getattr(c10d, "_dump_nccl_trace" if backend == "nccl" else "_dump_fr_trace", None)
+    if dump is None:
+        return f"torch {torch.__version__} has no flight-recorder dump for {backend} (a newer torch records gloo too)"
+    path.write_bytes(dump())
+    return None
 
 
 class HangWatch(Callback):
@@ -226,6 +245,7 @@ class _Watchdog(threading.Thread):
         self.main = threading.main_thread()
         self.store: Any = None
         self.beat = 0
+        self.recorder: str | None = "this rank could not write its files (the line above says why)"  # or why not
 
     def _connect(self) -> Any:
         return watch_store(max(10, self.silent_after))
@@ -336,11 +356,13 @@ class _Watchdog(threading.Thread):
         for r in range(self.world):
             lines += _rank_lines(r, seen.get(r), answers.get(r), r in silent, "  <- behind" if r in behind else "")
         lines.append(f"Full stacks of every thread of each answering rank: {folder}/stacks-rank<R>.txt.")
-        if dist.get_backend() == "nccl":
+        if self.recorder is None:
             lines.append(
-                f"NCCL flight recorder: {folder}/nccl_trace_rank_<R>; analyse with `torchfrtrace {folder} "
-                "--prefix nccl_trace_rank_` (torch.distributed.flight_recorder)."
+                f"Flight recorder (each rank's last collectives): {folder}/nccl_trace_rank_<R>; analyse with "
+                f"`torchfrtrace {folder} --prefix nccl_trace_rank_` (torch.distributed.flight_recorder)."
             )
+        else:
+            lines.append(f"Flight recorder not dumped: {self.recorder}.")
         lines.append(self._what_next(starting))
         return HangError("\n".join(lines))
 
@@ -377,9 +399,7 @@ class _Watchdog(threading.Thread):
                 out.write(f"rank {self.rank} of {self.world}, host {self.host}, pid {self.pid}\n")
                 out.flush()
                 faulthandler.dump_traceback(file=out, all_threads=True)
-            if dist.get_backend() == "nccl":  # the recorder's ring buffer, in the file format torchfrtrace reads
-                trace = torch._C._distributed_c10d._dump_nccl_trace()
-                (Path(folder) / f"nccl_trace_rank_{self.rank}").write_bytes(trace)
+            self.recorder = dump_flight_recorder(Path(folder) / f"nccl_trace_rank_{self.rank}")
         except Exception as err:  # a full or read-only disk must not keep the job from ending
             print(f"hang watch: rank {self.rank} could not write its stacks to {folder}: {err}", file=sys.stderr)
 
@@ -405,7 +425,7 @@ class _Watchdog(threading.Thread):
         except Exception:
             pass
         _kill_local_children()
-        self.watch.requeue.after_fault()  # under SLURM with --launch.max_restarts: back in the queue
+        self.watch.requeue.after_fault(HangError)  # under SLURM with --launch.max_restarts: back in the queue
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
@@ -421,7 +441,7 @@ class _Watchdog(threading.Thread):
             )
         )
         _kill_local_children()
-        self.watch.requeue.after_fault()
+        self.watch.requeue.after_fault(LostRankError)
         os._exit(1)
 
 
@@ -545,4 +565,4 @@ def apply_flight_recorder(strategy: Any, folder: Path, environ: dict[str, str] |
     it creates ``ProcessGroupNCCL``)."""
     if getattr(strategy, "world_size", 1) < 2 or process_group_backend(strategy) != "nccl":
         return {}
-    return export_unset(flight_recorder_env(folder), environ)
+    return export_unset(flight_recorder_env(folder, environ), environ)

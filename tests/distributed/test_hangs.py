@@ -108,6 +108,8 @@ def check_ended(job, root: Path, out: str, code: int, stalled_at: float, ended_a
         assert f"last finished step {step - 1}, in step {step}" in rank1, text
         assert f"last finished step {step}, in step {step + 1}" in text, text
     assert "stacks-rank<R>.txt" in text, text
+    # gloo records its collectives too (torch 2.14): rank 0 dumped its flight recorder for torchfrtrace
+    assert "Flight recorder (each rank's last collectives): " in text and list(root.rglob("nccl_trace_rank_0")), text
     assert "--ckpt_path last" in text and "--launch.hang_timeout SECONDS" in text, text
     nothing_left(job.pid)
     last = root / "version_0" / "checkpoints" / "last.ckpt"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 import sys
@@ -166,7 +167,9 @@ def test_two_faults_in_turn_each_requeue_the_job_which_ends_as_the_uninterrupted
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "2", (info, log[-4000:])
     assert log.count("SLURM: the job step failed (exit ") == 2, log[-4000:]
     for restart in (1, 2):
-        assert f"requeue {restart} of 2" in log, log[-4000:]
+        assert f"fault {restart} of 2; 0 requeues by time or preemption before it; requeue {restart}:" in log, log[
+            -4000:
+        ]
     assert "error: rank 1 (host n1): its DataLoader worker (pid " in log, log[-4000:]  # n1: the only node
     # requeue 1 started from scratch (nothing was saved when rank 1 died starting), requeue 2 resumes
     assert "(SLURM requeue 2: the newest checkpoint of job " in log, log[-4000:]
@@ -214,9 +217,9 @@ def test_your_own_sbatch_script_with_requeue_is_requeued_by_the_app_after_each_f
     assert "error: lost rank 1 of 2 (on n1: no answer" in log, log[-4000:]  # the node to --exclude
     requeued = [line for line in log.splitlines() if line.startswith("SLURM: requeue ")]
     assert requeued == [
-        f"SLURM: requeue {n} of 3 (scontrol requeue {job}, --launch.max_restarts): the job goes back in the queue and "
-        "resumes from its newest checkpoint. The line above names the node of the fault; keep the job off it with "
-        "sbatch --exclude NODE."
+        f"SLURM: requeue {n} (scontrol requeue {job}): fault {n} of 3 (--launch.max_restarts); 0 requeues by time or "
+        "preemption before it. The job goes back in the queue and resumes from its newest checkpoint. The line above "
+        "names the node of the fault; keep the job off it with sbatch --exclude NODE."
         for n in (1, 2, 3)
     ], log[-4000:]
     for n in (2, 3):  # requeue 1 started from scratch: nothing was saved when rank 1 died starting
@@ -227,3 +230,32 @@ def test_your_own_sbatch_script_with_requeue_is_requeued_by_the_app_after_each_f
     assert all(torch.equal(ours[k], theirs[k]) for k in theirs), "the requeued job's weights differ"
     for rank in (0, 1):
         assert per_step(tmp_path, rank) == per_step(uninterrupted_root, rank), rank
+
+
+def requeue_from_outside(slurm_env: dict[str, str], job: str, log: Path, times: int) -> None:
+    """``scontrol requeue JOB`` as a preemption does, ``times`` times: each as soon as an attempt has started."""
+    deadline = time.monotonic() + 300
+    for attempt in range(1, times + 1):
+        while f"job {job} attempt {attempt} on" not in (log.read_text() if log.is_file() else ""):
+            assert time.monotonic() < deadline, (attempt, job_info(slurm_env, job))
+            time.sleep(0.2)
+        subprocess.run(["scontrol", "requeue", job], env=slurm_env, check=True, capture_output=True)
+
+
+def test_requeues_from_outside_leave_the_fault_budget_whole(slurm_env, mnist_dir, tmp_path):
+    """Three requeues by preemption (``scontrol requeue`` from outside), then a fault in the fourth attempt (rank 1's
+    DataLoader worker SIGKILLed) under ``--launch.max_restarts 2``: the fault is fault 1 of 2, recorded by the app in
+    the run dir, and the job requeues once more and finishes."""
+    probe = "--trainer.callbacks+=tools.resume_probe."
+    args = [*fit_args(mnist_dir, tmp_path, epochs=1, batches=12), "--data.num_workers", "1"]
+    args += [f"{probe}KillLoaderWorkerAt", "--trainer.callbacks.step", "3", "--trainer.callbacks.attempt", "3"]
+    job = submit(slurm_env, "--tasks-per-node", "2", "--time", "10:00", "--", *args, "--launch.max_restarts", "2")
+    requeue_from_outside(slurm_env, job, tmp_path / f"slurm-{job}.out", times=3)
+    info = wait_job(slurm_env, job)
+    log = (tmp_path / f"slurm-{job}.out").read_text()
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "4", (info, log[-4000:])
+    said = "SLURM: the job step failed (exit 1): fault 1 of 2; 3 requeues by time or preemption before it; requeue 4:"
+    assert said in log, log[-4000:]
+    (fault,) = [json.loads(line) for line in (tmp_path / "faults.jsonl").read_text().splitlines()]
+    assert fault == {"job": job, "attempt": 4, "kind": "loader-worker-lost", "step": fault["step"], "node": "n1"}
+    assert final_step(tmp_path) == 12

@@ -3,6 +3,7 @@ timeout the plan shows (the stuck ranks themselves: ``tests/distributed/test_han
 
 from __future__ import annotations
 
+import pickle
 import sys
 import threading
 import time
@@ -10,11 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch.strategies import DDPStrategy
 
 from app.launch.preflight import build
-from app.resilience.hang_watch import apply_flight_recorder, effective_timeout, where
+from app.resilience.hang_watch import apply_flight_recorder, dump_flight_recorder, effective_timeout, where
+from tests.conftest import free_port
 from tools.slurm import resolve_config
 
 pytestmark = pytest.mark.xdist_group("timing")  # its pass depends on wall-clock limits: never beside another such test
@@ -59,6 +62,27 @@ def test_nccl_jobs_get_the_flight_recorder_with_files_in_the_run_folder(tmp_path
     }
     assert environ["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "100" and made.items() <= environ.items()
     assert apply_flight_recorder(ddp("gloo"), tmp_path, {}) == {}  # nothing to record on gloo
+    made = apply_flight_recorder(ddp("nccl"), tmp_path, environ := {})  # a small buffer, by the name torch reads
+    assert made["TORCH_FR_BUFFER_SIZE"] == "2000" and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in environ, made
+
+
+def test_the_hang_watch_dumps_the_flight_recorder_or_says_why_not(tmp_path, monkeypatch):
+    """What a rank's watch writes on a hang (``dump_flight_recorder``): gloo's recorder in torch 2.14, in the format
+    torchfrtrace reads; where torch has no dump for the backend, the reason rank 0's diagnosis says instead."""
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        dist.all_reduce(torch.ones(2))
+        assert dump_flight_recorder(tmp_path / "nccl_trace_rank_0") is None
+        entries = pickle.loads((tmp_path / "nccl_trace_rank_0").read_bytes())["entries"]
+        assert [e["profiling_name"] for e in entries] == ["gloo:all_reduce"], entries
+        monkeypatch.delattr(torch._C._distributed_c10d, "_dump_fr_trace")  # a torch that records NCCL only
+        why = dump_flight_recorder(tmp_path / "again")
+        assert why == f"torch {torch.__version__} has no flight-recorder dump for gloo (a newer torch records gloo too)"
+        assert not (tmp_path / "again").exists()
+    finally:
+        dist.destroy_process_group()
 
 
 def test_the_hang_timeout_stays_inside_the_collective_timeout():

@@ -28,7 +28,7 @@ def made_up():
 class Requeue:
     faults = 0
 
-    def after_fault(self) -> None:
+    def after_fault(self, fault: object = None) -> None:
         self.faults += 1
 
 

@@ -235,20 +235,21 @@ def test_max_restarts_hands_a_one_node_multi_process_fit_to_the_agent_and_is_a_n
 def test_max_restarts_under_slurm_is_the_requeue_budget_of_the_app_or_of_the_batch_script(config_of):
     """Under SLURM, --launch.max_restarts is how many times a fault requeues the job: by the app in a batch script of
     the user's own, by the script of `tools.slurm submit` in its own (which tells the app so); the plan says which, and
-    the rendered script requeues only while fewer requeues were made (and never twice)."""
+    the rendered script requeues only while the job's recorded faults number at most K (and never twice)."""
     from tools.sbatch import Job
 
     config = config_of("--trainer.devices", "4", "--trainer.num_nodes", "2")
     plan = build(config, launch=detect({**SLURM_2x4, "SLURM_RESTART_COUNT": "1"}), max_restarts=2)
     (note,) = [n for n in plan.notes if n.startswith("--launch.max_restarts 2:")]
-    assert "a fault requeues the job, done by the app (scontrol requeue), while fewer than 2 requeues were made (1 " \
-        "so far)" in note and "needs --requeue" in note, note  # fmt: skip
+    assert "a fault requeues the job, done by the app (scontrol requeue), while the job's faults number at most 2 " \
+        "(each recorded in the run dir's faults.jsonl; requeues by preemption or wall time do not count)" in note \
+        and "needs --requeue" in note, note  # fmt: skip
     script = {**SLURM_2x4, "SLURM_RESTART_COUNT": "1", "DPTRAIN_REQUEUE_BY": "script"}  # tools.slurm's script
     plan = build(config, launch=detect(script), max_restarts=2)
     assert any("done by the batch script" in n for n in plan.notes), plan.notes
     script = Job(command=["fit"], max_restarts=2).render()
     assert "export DPTRAIN_REQUEUE_BY=script" in script
-    assert 'if [ "${SLURM_RESTART_COUNT:-0}" -lt 2 ]; then' in script and 'scontrol requeue "$SLURM_JOB_ID"' in script
+    assert 'if [ "$faults" -le 2 ]; then' in script and 'scontrol requeue "$SLURM_JOB_ID"' in script
     assert '[ "${restarts:-0}" -le "${SLURM_RESTART_COUNT:-0}" ]' in script  # a preemption's requeue is not repeated
     assert "scontrol requeue" not in Job(command=["fit"]).render()  # 0: the step's failure fails the job, as before
 

@@ -20,7 +20,8 @@ from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch import Callback, Trainer, seed_everything
 from torch.utils.data import DataLoader, TensorDataset
 
-from app.callbacks import AMPHealth, NonFiniteLossError, agree
+from app.callbacks import AMPHealth, NonFiniteLossError
+from app.resilience import agree
 from datamodules.mnist import load_split
 from modules import ImageClassifier
 from tests.distributed.test_agree import BATCHES, RAISED_AT, SHORT, SHORTENED, ShortLastBatchOnRank1, Watcher

@@ -3,7 +3,8 @@ timeout the plan shows (the stuck ranks themselves: ``tests/distributed/test_han
 
 from __future__ import annotations
 
-import pickle
+import os
+import subprocess
 import sys
 import threading
 import time
@@ -11,13 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch.strategies import DDPStrategy
 
 from app.launch.preflight import build
-from app.resilience.hang_watch import apply_flight_recorder, dump_flight_recorder, effective_timeout, where
-from tests.conftest import free_port
+from app.resilience.hang_watch import apply_flight_recorder, effective_timeout, where
+from tests.conftest import ROOT, free_port
 from tools.slurm import resolve_config
 
 pytestmark = pytest.mark.xdist_group("timing")  # its pass depends on wall-clock limits: never beside another such test
@@ -66,23 +66,36 @@ def test_nccl_jobs_get_the_flight_recorder_with_files_in_the_run_folder(tmp_path
     assert made["TORCH_FR_BUFFER_SIZE"] == "2000" and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in environ, made
 
 
-def test_the_hang_watch_dumps_the_flight_recorder_or_says_why_not(tmp_path, monkeypatch):
+# a process of its own: the recorder's buffer is the process's, and collectives of the in-process tests before this
+# one in the same worker (and a process group one of them left) would be in it
+DUMP_JOB = """
+import os, pickle, sys
+from pathlib import Path
+import torch, torch.distributed as dist
+from app.resilience.hang_watch import dump_flight_recorder
+out = Path(sys.argv[1])
+dist.init_process_group("gloo", rank=0, world_size=1)
+dist.all_reduce(torch.ones(2))
+assert dump_flight_recorder(out / "nccl_trace_rank_0") is None
+print([e["profiling_name"] for e in pickle.loads((out / "nccl_trace_rank_0").read_bytes())["entries"]])
+del torch._C._distributed_c10d._dump_fr_trace  # a torch that records NCCL only
+print(dump_flight_recorder(out / "again"))
+dist.destroy_process_group()
+"""
+
+
+def test_the_hang_watch_dumps_the_flight_recorder_or_says_why_not(tmp_path):
     """What a rank's watch writes on a hang (``dump_flight_recorder``): gloo's recorder in torch 2.14, in the format
     torchfrtrace reads; where torch has no dump for the backend, the reason rank 0's diagnosis says instead."""
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    try:
-        dist.all_reduce(torch.ones(2))
-        assert dump_flight_recorder(tmp_path / "nccl_trace_rank_0") is None
-        entries = pickle.loads((tmp_path / "nccl_trace_rank_0").read_bytes())["entries"]
-        assert [e["profiling_name"] for e in entries] == ["gloo:all_reduce"], entries
-        monkeypatch.delattr(torch._C._distributed_c10d, "_dump_fr_trace")  # a torch that records NCCL only
-        why = dump_flight_recorder(tmp_path / "again")
-        assert why == f"torch {torch.__version__} has no flight-recorder dump for gloo (a newer torch records gloo too)"
-        assert not (tmp_path / "again").exists()
-    finally:
-        dist.destroy_process_group()
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, "-c", DUMP_JOB, str(tmp_path)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    recorded, why = out.stdout.splitlines()[-2:]
+    assert recorded == "['gloo:all_reduce']", out.stdout
+    assert why == f"torch {torch.__version__} has no flight-recorder dump for gloo (a newer torch records gloo too)"
+    assert not (tmp_path / "again").exists()
 
 
 def test_the_hang_timeout_stays_inside_the_collective_timeout():

@@ -42,7 +42,7 @@ class Layout:
             step-time benchmark compares it with the plain hand-averaging loop of the PyTorch tutorial.
         runs_compiled_models: ``model.compile auto`` compiles under this mode (``dp``, ``ddp_mp``: no).
         problems: the mistakes in the mode's arguments, each with its fix (the class's ``config_problems``, asked by
-            the preflight before the strategy is built).
+            the preflight before the strategy is built; none for a live strategy, built from a checked config).
     """
 
     processes_per_node: int | None
@@ -120,4 +120,6 @@ def layout_of(strategy: Any, devices: int | None = 1, num_nodes: int = 1) -> Lay
     declare = getattr(cls, "layout", None)
     layout = declare(devices, num_nodes, **init_args) if declare else one_process_per_device(devices, num_nodes)
     check = getattr(cls, "config_problems", None)
-    return replace(layout, problems=tuple(check(init_args))) if callable(check) else layout
+    if isinstance(strategy, Strategy) or not callable(check):  # a built strategy's arguments were checked before
+        return layout  # it was built (the preflight asks its config); a live lookup is on the step's path (mixing)
+    return replace(layout, problems=tuple(check(init_args)))

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import EMAWeightAveraging
 from lightning.pytorch.trainer.states import TrainerFn
@@ -120,10 +119,7 @@ class EMA(EMAWeightAveraging):
         so a run resumed from the checkpoint (whose ranks start from the averaged statistics) matches one never stopped
         to rounding. A collective: every rank builds the checkpoint."""
         if self._average_model is not None and callable(getattr(trainer.strategy, "sync_buffers", None)):
-            with torch.no_grad():
-                for buffer in self._average_model.module.buffers():
-                    if torch.is_floating_point(buffer):
-                        buffer.copy_(trainer.strategy.reduce(buffer.clone(), reduce_op="mean"))
+            trainer.strategy.sync_buffers(self._average_model.module)
         super().on_save_checkpoint(trainer, pl_module, checkpoint)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:

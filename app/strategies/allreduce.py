@@ -212,12 +212,14 @@ class AllReduceStrategy(DDPStrategy):
 
         return super().optimizer_step(optimizer, closure_then_average, model, **kwargs)
 
-    def sync_buffers(self) -> None:
-        """Makes buffers (BatchNorm running statistics) equal on all ranks: floats averaged, others from rank 0."""
-        if self.model is None or not dist.is_available() or not dist.is_initialized():
+    def sync_buffers(self, module: torch.nn.Module | None = None) -> None:
+        """Makes buffers (BatchNorm running statistics) equal on all ranks: floats averaged, others from rank 0; of the
+        model, or of ``module`` (the EMA callback's average, which takes them from its own rank at each update)."""
+        module = self.model if module is None else module
+        if module is None or not dist.is_available() or not dist.is_initialized():
             return
         with torch.no_grad():
-            for buffer in self.model.buffers():
+            for buffer in module.buffers():
                 if torch.is_floating_point(buffer):
                     dist.all_reduce(buffer, op=dist.ReduceOp.SUM)
                     buffer.div_(self.world_size)

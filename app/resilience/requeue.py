@@ -67,8 +67,8 @@ def record_fault(folder: Path, job: str, attempt: int, kind: str, step: int | No
 
 
 def counts(faults: int, restart_count: int) -> str:
-    """``fault 1 of 2; 3 requeues by time or preemption before it``: the budget's count and the requeues it leaves
-    out (the job's requeues so far, less those of its earlier faults)."""
+    """``3 requeues by time or preemption before it``: the requeues the fault budget leaves out (the job's requeues
+    so far, less those of its earlier faults), said after the budget's ``fault 1 of 2``."""
     other = max(restart_count - (faults - 1), 0)
     return f"{other} requeue{'' if other == 1 else 's'} by time or preemption before it"
 
